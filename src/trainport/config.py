@@ -1,0 +1,97 @@
+"""Configuration, read in one place and at call time (never at import).
+
+Everything trainport keeps lives under ``TRAINPORT_HOME`` (default ``~/.trainport``):
+
+- ``store/<bucket>/<key>``: the embedded object store, used when no S3 endpoint is configured;
+- ``trainport.db``: the job records (SQLite);
+- ``jobs/<name>/``: each job's working directory (its ``/opt/ml`` tree per host) and logs;
+- ``envs/<hash>/``: cached script-mode environments keyed by ``requirements.txt``.
+
+The object store is S3-compatible as soon as ``TRAINPORT_STORE=s3`` or one of the standard AWS
+endpoint variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``) is set; credentials and
+region then come from the usual AWS configuration chain.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainport.errors import ValidationError
+
+__all__ = ["Settings", "load_settings"]
+
+DEFAULT_STOP_GRACE_SECONDS = 120.0
+DEFAULT_CHECKPOINT_SYNC_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    store_kind: str  # "local" | "s3"
+    s3_endpoint_url: str | None
+    region: str
+    account_id: str
+    runner: str  # "auto" | "sandbox" | "process"
+    stop_grace_seconds: float
+    checkpoint_sync_seconds: float
+    download_workers: int
+
+    @property
+    def store_root(self) -> Path:
+        return self.home / "store"
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "trainport.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    @property
+    def envs_dir(self) -> Path:
+        return self.home / "envs"
+
+
+def _float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ValidationError(f"{name}={raw!r} is not a number of seconds") from exc
+    if value < 0:
+        raise ValidationError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    """Read trainport's settings from the environment (``os.environ`` by default)."""
+    env = dict(os.environ if env is None else env)
+    home = Path(env.get("TRAINPORT_HOME") or Path.home() / ".trainport").expanduser().resolve()
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    store_kind = (env.get("TRAINPORT_STORE") or ("s3" if endpoint else "local")).lower()
+    if store_kind not in ("local", "s3"):
+        raise ValidationError(f"TRAINPORT_STORE={store_kind!r}: use 'local' or 's3'")
+    runner = (env.get("TRAINPORT_RUNNER") or "auto").lower()
+    if runner not in ("auto", "sandbox", "process"):
+        raise ValidationError(f"TRAINPORT_RUNNER={runner!r}: use 'auto', 'sandbox' or 'process'")
+    workers_raw = env.get("TRAINPORT_DOWNLOAD_WORKERS") or "16"
+    if not workers_raw.isdigit() or int(workers_raw) < 1:
+        raise ValidationError(f"TRAINPORT_DOWNLOAD_WORKERS={workers_raw!r} must be a positive integer")
+    return Settings(
+        home=home,
+        store_kind=store_kind,
+        s3_endpoint_url=endpoint,
+        region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        account_id=env.get("TRAINPORT_ACCOUNT_ID") or "000000000000",
+        runner=runner,
+        stop_grace_seconds=_float(env, "TRAINPORT_STOP_GRACE_SECONDS", DEFAULT_STOP_GRACE_SECONDS),
+        checkpoint_sync_seconds=_float(
+            env, "TRAINPORT_CHECKPOINT_SYNC_SECONDS", DEFAULT_CHECKPOINT_SYNC_SECONDS
+        ),
+        download_workers=int(workers_raw),
+    )

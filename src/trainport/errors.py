@@ -1,0 +1,58 @@
+"""The one exception tree of trainport.
+
+::
+
+    TrainportError
+    ├── ValidationError        a request, spec or input that cannot be accepted (API: ValidationException)
+    │   └── NotFoundError      a job or object that does not exist (API: ValidationException / ResourceNotFound)
+    ├── ResourceInUseError     a job name that is already taken (API: ResourceInUse)
+    ├── StoreError             the object store failed or cannot be reached
+    ├── SandboxError           the sandbox runner cannot isolate a job on this machine
+    └── JobError               a job-level failure while running (reported as FailureReason)
+
+Every message names the field, object or job involved and says what to do about it.
+Foreign exceptions are translated at the boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JobError",
+    "NotFoundError",
+    "ResourceInUseError",
+    "SandboxError",
+    "StoreError",
+    "TrainportError",
+    "ValidationError",
+]
+
+
+class TrainportError(Exception):
+    """Root of every error trainport raises on purpose."""
+
+    #: The error code the SageMaker API uses for this class of error.
+    api_code = "InternalFailure"
+
+
+class ValidationError(TrainportError):
+    api_code = "ValidationException"
+
+
+class NotFoundError(ValidationError):
+    api_code = "ValidationException"
+
+
+class ResourceInUseError(TrainportError):
+    api_code = "ResourceInUse"
+
+
+class StoreError(TrainportError):
+    api_code = "ValidationException"
+
+
+class SandboxError(TrainportError):
+    pass
+
+
+class JobError(TrainportError):
+    pass

@@ -1,0 +1,108 @@
+"""Many objects in or out at once, in parallel, behind one progress bar.
+
+The progress bar (tqdm, on stderr) appears only when stderr is a terminal or when the caller
+asks for it; inside a job's supervisor the same progress is reported as log lines instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from trainport.store.api import ObjectStore
+
+__all__ = ["Transfer", "TransferStats", "download_all", "upload_all"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    bucket: str
+    key: str
+    path: Path
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    objects: int
+    bytes: int
+    seconds: float
+
+    @property
+    def mib_per_second(self) -> float:
+        return self.bytes / (1 << 20) / self.seconds if self.seconds > 0 else 0.0
+
+
+def _run_all(
+    items: Sequence[Transfer],
+    one: Callable[[Transfer], int],
+    *,
+    workers: int,
+    label: str,
+    progress: bool,
+) -> TransferStats:
+    start = time.monotonic()
+    total = sum(t.size for t in items)
+    done_bytes = 0
+    bar = tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
+        disable=not progress, leave=False,
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
+            futures = [pool.submit(one, t) for t in items]
+            pending = set(futures)
+            while pending:
+                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+                for fut in finished:
+                    n = fut.result()  # re-raises the first failure; the pool drains the rest
+                    done_bytes += n
+                    bar.update(n)
+    finally:
+        bar.close()
+    stats = TransferStats(len(items), done_bytes, time.monotonic() - start)
+    log.info(
+        "%s: %d objects, %.1f MiB in %.2f s (%.0f MiB/s)",
+        label, stats.objects, stats.bytes / (1 << 20), stats.seconds, stats.mib_per_second,
+    )
+    return stats
+
+
+def download_all(
+    store: ObjectStore,
+    items: Sequence[Transfer],
+    *,
+    workers: int = 16,
+    label: str = "download",
+    progress: bool = False,
+) -> TransferStats:
+    return _run_all(
+        items,
+        lambda t: store.download(t.bucket, t.key, t.path),
+        workers=workers,
+        label=label,
+        progress=progress,
+    )
+
+
+def upload_all(
+    store: ObjectStore,
+    items: Sequence[Transfer],
+    *,
+    workers: int = 16,
+    label: str = "upload",
+    progress: bool = False,
+) -> TransferStats:
+    def one(t: Transfer) -> int:
+        store.upload(t.path, t.bucket, t.key)
+        return t.path.stat().st_size
+
+    return _run_all(items, one, workers=workers, label=label, progress=progress)
