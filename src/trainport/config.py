@@ -81,7 +81,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         raise ValidationError(f"TRAINPORT_RUNNER={runner!r}: use 'auto', 'sandbox' or 'process'")
     workers_raw = env.get("TRAINPORT_DOWNLOAD_WORKERS") or "16"
     if not workers_raw.isdigit() or int(workers_raw) < 1:
-        raise ValidationError(f"TRAINPORT_DOWNLOAD_WORKERS={workers_raw!r} must be a positive integer")
+        raise ValidationError(
+            f"TRAINPORT_DOWNLOAD_WORKERS={workers_raw!r} must be a positive integer"
+        )
     return Settings(
         home=home,
         store_kind=store_kind,

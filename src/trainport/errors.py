@@ -3,9 +3,9 @@
 ::
 
     TrainportError
-    ├── ValidationError        a request, spec or input that cannot be accepted (API: ValidationException)
-    │   └── NotFoundError      a job or object that does not exist (API: ValidationException / ResourceNotFound)
-    ├── ResourceInUseError     a job name that is already taken (API: ResourceInUse)
+    ├── ValidationError        a request or input that cannot be accepted (ValidationException)
+    │   └── NotFoundError      a job or object that does not exist (ValidationException)
+    ├── ResourceInUseError     a job name that is already taken (ResourceInUse)
     ├── StoreError             the object store failed or cannot be reached
     ├── SandboxError           the sandbox runner cannot isolate a job on this machine
     └── JobError               a job-level failure while running (reported as FailureReason)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ObjectInfo", "ObjectStore", "S3Uri", "open_store"]
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,254}$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{0,254}$")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class S3Uri:
         bucket, _, key = uri[len("s3://") :].partition("/")
         if not _BUCKET.match(bucket):
             raise ValidationError(
-                f"{field}: {uri!r} has no valid bucket name; bucket names are 2-255 "
+                f"{field}: {uri!r} has no valid bucket name; bucket names are 1-255 "
                 "lowercase letters, digits, '.', '-' or '_'"
             )
         return cls(bucket, key)

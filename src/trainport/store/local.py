@@ -48,6 +48,9 @@ class LocalStore(ObjectStore):
         self.root = Path(root)
         self.description = f"local store {self.root}"
 
+    def _missing(self, bucket: str, key: str) -> StoreError:
+        return StoreError(f"s3://{bucket}/{key} does not exist in the {self.description}")
+
     def _path(self, bucket: str, key: str) -> Path:
         parts = key.split("/")
         if any(p in ("..", ".") for p in parts) or key.startswith("/"):
@@ -86,7 +89,9 @@ class LocalStore(ObjectStore):
         try:
             return copy_file(src, dest)
         except FileNotFoundError as exc:
-            raise StoreError(f"s3://{bucket}/{key} does not exist in the {self.description}") from exc
+            raise StoreError(
+                f"s3://{bucket}/{key} does not exist in the {self.description}"
+            ) from exc
 
     def _atomic_target(self, bucket: str, key: str) -> tuple[Path, int, str]:
         target = self._path(bucket, key)
@@ -108,7 +113,9 @@ class LocalStore(ObjectStore):
         try:
             return self._path(bucket, key).read_bytes()
         except FileNotFoundError as exc:
-            raise StoreError(f"s3://{bucket}/{key} does not exist in the {self.description}") from exc
+            raise StoreError(
+                f"s3://{bucket}/{key} does not exist in the {self.description}"
+            ) from exc
 
     def put_bytes(self, bucket: str, key: str, data: bytes) -> None:
         target, fd, tmp = self._atomic_target(bucket, key)
@@ -124,7 +131,9 @@ class LocalStore(ObjectStore):
         try:
             return open(self._path(bucket, key), "rb")
         except FileNotFoundError as exc:
-            raise StoreError(f"s3://{bucket}/{key} does not exist in the {self.description}") from exc
+            raise StoreError(
+                f"s3://{bucket}/{key} does not exist in the {self.description}"
+            ) from exc
 
     def read_range(self, bucket: str, key: str, start: int, end: int) -> bytes:
         with self.open_stream(bucket, key) as f:

@@ -26,9 +26,7 @@ _MULTIPART = 16 << 20
 
 
 class S3Store(ObjectStore):
-    def __init__(
-        self, *, endpoint_url: str | None, region: str, max_connections: int = 20
-    ) -> None:
+    def __init__(self, *, endpoint_url: str | None, region: str, max_connections: int = 20) -> None:
         self.endpoint_url = endpoint_url
         self.description = f"S3 endpoint {endpoint_url or 'AWS default (' + region + ')'}"
         config = botocore.config.Config(
@@ -61,7 +59,6 @@ class S3Store(ObjectStore):
         except botocore.exceptions.ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "?")
             raise StoreError(f"the {self.description} refused {what}: {code}: {exc}") from exc
-
 
     def list_objects(self, bucket: str, prefix: str) -> list[ObjectInfo]:
         found: list[ObjectInfo] = []
@@ -151,5 +148,3 @@ class S3Store(ObjectStore):
                     return False
                 raise
         raise AssertionError("unreachable")  # pragma: no cover
-
-

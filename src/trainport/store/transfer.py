@@ -53,8 +53,13 @@ def _run_all(
     total = sum(t.size for t in items)
     done_bytes = 0
     bar = tqdm(
-        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
-        disable=not progress, leave=False,
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=label,
+        disable=not progress,
+        leave=False,
     )
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
@@ -71,7 +76,11 @@ def _run_all(
     stats = TransferStats(len(items), done_bytes, time.monotonic() - start)
     log.info(
         "%s: %d objects, %.1f MiB in %.2f s (%.0f MiB/s)",
-        label, stats.objects, stats.bytes / (1 << 20), stats.seconds, stats.mib_per_second,
+        label,
+        stats.objects,
+        stats.bytes / (1 << 20),
+        stats.seconds,
+        stats.mib_per_second,
     )
     return stats
 

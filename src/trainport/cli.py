@@ -1,0 +1,461 @@
+"""The ``trainport`` command line: run jobs, look at them, stop them.
+
+Every command goes through :class:`~trainport.jobs.service.JobService`. Errors trainport
+raises on purpose print as one clear line (exit 2); the exit code of ``run`` is 0 only when
+the job Completed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from trainport.errors import TrainportError, ValidationError
+
+__all__ = ["cli", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_ROLE = "arn:aws:iam::000000000000:role/trainport"
+DEFAULT_BUCKET = "trainport"
+SCRIPT_IMAGE = "trainport/python"
+
+
+def _service() -> Any:
+    from trainport.jobs.service import JobService
+
+    return JobService()
+
+
+def _echo_err(text: str) -> None:
+    click.echo(text, err=True)
+
+
+# -- building a request from a file and flags ----------------------------------------------
+
+
+def _load_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValidationError(f"cannot read the job file {path}: {exc.strerror}") from exc
+    try:
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ValidationError(f"the job file {path} is not valid YAML/JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValidationError(
+            f"the job file {path} must hold a mapping of CreateTrainingJob fields "
+            "(TrainingJobName, AlgorithmSpecification, ...)"
+        )
+    return doc
+
+
+def _pairs(values: tuple[str, ...], flag: str) -> list[tuple[str, str]]:
+    out = []
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise ValidationError(f"{flag} {raw!r}: write it as KEY=VALUE")
+        out.append((key, value))
+    return out
+
+
+def _default_name(stem: str) -> str:
+    base = "".join(c if c.isalnum() else "-" for c in stem).strip("-")[:40] or "job"
+    return f"{base}-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
+
+
+def build_request(
+    job_file: Path | None,
+    *,
+    name: str | None,
+    entry_point: str | None,
+    source_dir: str | None,
+    image: str | None,
+    hps: tuple[str, ...],
+    channels: tuple[str, ...],
+    output: str | None,
+    metrics: tuple[str, ...],
+    env: tuple[str, ...],
+    checkpoint: str | None,
+    max_run: int | None,
+    stop_grace: float | None,
+    store: Any,
+) -> dict[str, Any]:
+    """A CreateTrainingJob request from a job file and/or the convenience flags."""
+    from trainport.store.api import S3Uri
+
+    request: dict[str, Any] = _load_file(job_file) if job_file else {}
+    stem = job_file.stem if job_file else Path(entry_point or "job").stem
+    request["TrainingJobName"] = name or request.get("TrainingJobName") or _default_name(stem)
+    job = request["TrainingJobName"]
+    request.setdefault("RoleArn", DEFAULT_ROLE)
+    if job_file is None:
+        request.setdefault(
+            "OutputDataConfig", {"S3OutputPath": output or f"s3://{DEFAULT_BUCKET}/output"}
+        )
+        request.setdefault(
+            "ResourceConfig", {"InstanceType": "local", "InstanceCount": 1, "VolumeSizeInGB": 1}
+        )
+    elif output:
+        request.setdefault("OutputDataConfig", {})["S3OutputPath"] = output
+    algo = (
+        request.setdefault("AlgorithmSpecification", {})
+        if (entry_point or image or job_file is None)
+        else request.get("AlgorithmSpecification", {})
+    )
+    if isinstance(algo, dict):
+        algo.setdefault("TrainingInputMode", "File")
+        if image:
+            algo["TrainingImage"] = str(Path(image).resolve()) if Path(image).is_dir() else image
+    hyper = (
+        request.setdefault("HyperParameters", {})
+        if (hps or entry_point)
+        else request.get("HyperParameters")
+    )
+    for key, value in _pairs(hps, "--hp"):
+        hyper[key] = value  # --hp converts: every value is a string, as the API wants
+    if entry_point:
+        from trainport.host.script_mode import pack_entry_point, pack_sourcedir
+
+        if source_dir:
+            tarball = pack_sourcedir(Path(source_dir), entry_point)
+        else:
+            tarball = pack_entry_point(Path(entry_point))
+            entry_point = Path(entry_point).name
+        target = S3Uri(DEFAULT_BUCKET, f"{job}/source/sourcedir.tar.gz")
+        store.put_bytes(target.bucket, target.key, tarball)
+        # Quoted as the SageMaker SDK writes them; trainport and the toolkit both decode.
+        hyper["sagemaker_program"] = json.dumps(entry_point)
+        hyper["sagemaker_submit_directory"] = json.dumps(str(target))
+        if isinstance(algo, dict):
+            algo.setdefault("TrainingImage", SCRIPT_IMAGE)
+    if channels:
+        configs = request.setdefault("InputDataConfig", [])
+        for channel, where in _pairs(channels, "--channel"):
+            uri = where
+            if not where.startswith("s3://"):
+                folder = Path(where)
+                if not folder.is_dir():
+                    raise ValidationError(
+                        f"--channel {channel}={where}: give an s3:// URI or an existing folder"
+                    )
+                uri = _upload_folder(
+                    store, folder, S3Uri(DEFAULT_BUCKET, f"{job}/input/{channel}/")
+                )
+            configs.append(
+                {
+                    "ChannelName": channel,
+                    "DataSource": {
+                        "S3DataSource": {
+                            "S3DataType": "S3Prefix",
+                            "S3Uri": uri,
+                            "S3DataDistributionType": "FullyReplicated",
+                        }
+                    },
+                }
+            )
+    if metrics and isinstance(algo, dict):
+        defs = algo.setdefault("MetricDefinitions", [])
+        defs += [{"Name": k, "Regex": v} for k, v in _pairs(metrics, "--metric")]
+    if env:
+        request.setdefault("Environment", {}).update(dict(_pairs(env, "--env")))
+    if checkpoint:
+        request["CheckpointConfig"] = {"S3Uri": checkpoint}
+    if max_run is not None:
+        request.setdefault("StoppingCondition", {})["MaxRuntimeInSeconds"] = max_run
+    if stop_grace is not None:
+        tags = request.setdefault("Tags", [])
+        tags.append({"Key": "trainport:stop-grace-seconds", "Value": str(stop_grace)})
+    return request
+
+
+def _upload_folder(store: Any, folder: Path, target: Any) -> str:
+    from trainport.store.transfer import Transfer, upload_all
+
+    items = [
+        Transfer(target.bucket, target.key + str(p.relative_to(folder)), p, p.stat().st_size)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
+    upload_all(store, items, label=f"upload {folder}", progress=sys.stderr.isatty())
+    return str(target)
+
+
+# -- following a job ------------------------------------------------------------------------
+
+
+def _fmt_time(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _summary(record: Any) -> str:
+    lines = [f"Job {record.name}: {record.status} ({record.secondary_status})"]
+    if record.failure_reason:
+        lines.append(f"  FailureReason: {record.failure_reason}")
+    for m in record.final_metrics:
+        lines.append(f"  {m.name} = {m.value:g}")
+    if record.model_artifacts:
+        lines.append(f"  Model artifact: {record.model_artifacts}")
+        local = _local_path(record.model_artifacts)
+        if local:
+            lines.append(f"    (on disk: {local})")
+    return "\n".join(lines)
+
+
+def _local_path(uri: str) -> str | None:
+    from trainport.config import load_settings
+
+    settings = load_settings()
+    if settings.store_kind != "local" or not uri.startswith("s3://"):
+        return None
+    return str(settings.store_root / uri[len("s3://") :])
+
+
+def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> Any:
+    """Stream a job's status changes (stderr) and log lines (stdout) until it ends."""
+    from trainport.jobs.status import Status
+
+    seen_transitions = 0
+    interrupted = 0
+    original = signal.getsignal(signal.SIGINT)
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted += 1
+        if interrupted == 1 and stop_on_interrupt:
+            _echo_err(f"[trainport] stopping {name} (Ctrl-C again to leave it running)")
+            service.stop(name)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        lines = service.logs(name, follow=True, poll=0.05)
+        last_check = 0.0
+        while True:
+            now = time.monotonic()
+            if now - last_check > 0.2:
+                record = service.db.get(name)
+                for t in record.transitions[seen_transitions:]:
+                    _echo_err(f"[trainport] {t.status}: {t.message}")
+                seen_transitions = len(record.transitions)
+                last_check = now
+            try:
+                _, text = next(lines)
+            except StopIteration:
+                break
+            click.echo(text)
+        record = service.get(name)
+        for t in record.transitions[seen_transitions:]:
+            _echo_err(f"[trainport] {t.status}: {t.message}")
+        assert Status(record.status).terminal
+        return record
+    finally:
+        signal.signal(signal.SIGINT, original)
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def _handle_errors(fn: F) -> F:
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TrainportError as exc:
+            _echo_err(f"error: {exc}")
+            sys.exit(2)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log what trainport does.")
+@click.version_option(package_name="trainport")
+def cli(verbose: bool) -> None:
+    """Run SageMaker-style training jobs on this machine."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@cli.command()
+@click.argument("job_file", required=False, type=click.Path(path_type=Path))
+@click.option("--name", help="TrainingJobName (default: from the file, or generated).")
+@click.option("--entry-point", help="Script mode: the training script.")
+@click.option("--source-dir", help="Script mode: folder packed as sourcedir.tar.gz.")
+@click.option("--image", help="A local folder with an executable 'train' (BYOC shape).")
+@click.option("--hp", multiple=True, metavar="KEY=VALUE", help="A hyperparameter (repeatable).")
+@click.option("--channel", multiple=True, metavar="NAME=S3URI|DIR", help="An input channel.")
+@click.option("--output", metavar="S3URI", help="OutputDataConfig.S3OutputPath.")
+@click.option("--metric", multiple=True, metavar="NAME=REGEX", help="A MetricDefinition.")
+@click.option("--env", multiple=True, metavar="KEY=VALUE", help="An Environment variable.")
+@click.option("--checkpoint", metavar="S3URI", help="CheckpointConfig.S3Uri.")
+@click.option("--max-run", type=int, help="StoppingCondition.MaxRuntimeInSeconds.")
+@click.option("--stop-grace", type=float, help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--runner", type=click.Choice(["auto", "sandbox", "process"]), default=None)
+@click.option("--detach", is_flag=True, help="Return once the job is submitted.")
+@_handle_errors
+def run(
+    job_file: Path | None,
+    name: str | None,
+    entry_point: str | None,
+    source_dir: str | None,
+    image: str | None,
+    hp: tuple[str, ...],
+    channel: tuple[str, ...],
+    output: str | None,
+    metric: tuple[str, ...],
+    env: tuple[str, ...],
+    checkpoint: str | None,
+    max_run: int | None,
+    stop_grace: float | None,
+    runner: str | None,
+    detach: bool,
+) -> None:
+    """Submit a training job (a CreateTrainingJob request in YAML/JSON, or flags), stream
+    its logs, and exit 0 if it Completed."""
+    if job_file is None and not (entry_point or image):
+        raise ValidationError("give a job file, or --entry-point (script mode) or --image")
+    service = _service()
+    request = build_request(
+        job_file,
+        name=name,
+        entry_point=entry_point,
+        source_dir=source_dir,
+        image=image,
+        hps=hp,
+        channels=channel,
+        output=output,
+        metrics=metric,
+        env=env,
+        checkpoint=checkpoint,
+        max_run=max_run,
+        stop_grace=stop_grace,
+        store=service.store,
+    )
+    arn = service.create(request, runner=runner)
+    job = request["TrainingJobName"]
+    if detach:
+        click.echo(arn)
+        return
+    record = follow_job(service, job)
+    _echo_err(_summary(record))
+    sys.exit(0 if record.status == "Completed" else 1)
+
+
+@cli.group()
+def jobs() -> None:
+    """List, describe, stop and read the logs of jobs."""
+
+
+@jobs.command("list")
+@click.option(
+    "--status", type=click.Choice(["InProgress", "Completed", "Failed", "Stopping", "Stopped"])
+)
+@click.option("--name-contains", help="Only jobs whose name contains this.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@_handle_errors
+def list_jobs(status: str | None, name_contains: str | None, limit: int) -> None:
+    """Jobs, newest first."""
+    from trainport.jobs.db import ListQuery
+
+    records = _service().list(
+        ListQuery(name_contains=name_contains, status_equals=status, limit=limit)
+    )
+    rows = [("NAME", "STATUS", "SECONDARY", "CREATED", "DURATION")]
+    for r in records:
+        end = r.training_end_time or (time.time() if not r.training_end_time else 0)
+        rows.append(
+            (
+                r.name,
+                r.status,
+                r.secondary_status,
+                _fmt_time(r.creation_time),
+                f"{end - r.creation_time:.1f}s",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+@jobs.command()
+@click.argument("name")
+@_handle_errors
+def describe(name: str) -> None:
+    """Print the DescribeTrainingJob JSON."""
+    click.echo(json.dumps(_service().describe(name), indent=2))
+
+
+@jobs.command()
+@click.argument("name")
+@click.option("--wait/--no-wait", default=False, help="Wait until the job has stopped.")
+@_handle_errors
+def stop(name: str, wait: bool) -> None:
+    """Stop a job: SIGTERM, the grace period, then SIGKILL."""
+    service = _service()
+    record = service.stop(name)
+    _echo_err(f"{name}: {record.status} ({record.secondary_status})")
+    while wait and record.status not in ("Completed", "Failed", "Stopped"):
+        time.sleep(0.2)
+        record = service.get(name)
+    if wait:
+        _echo_err(_summary(record))
+
+
+@jobs.command()
+@click.argument("name")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--timestamps", is_flag=True, help="Prefix each line with its time.")
+@_handle_errors
+def logs(name: str, follow: bool, timestamps: bool) -> None:
+    """Print a job's log."""
+    for ts, text in _service().logs(name, follow=follow):
+        click.echo(f"{_fmt_time(ts)} {text}" if timestamps else text)
+
+
+@cli.command()
+@click.option("--epochs", default=5, show_default=True)
+@click.option("--runner", type=click.Choice(["auto", "sandbox", "process"]), default=None)
+@_handle_errors
+def demo(epochs: int, runner: str | None) -> None:
+    """Train a small PyTorch model on a generated dataset, on this machine."""
+    from trainport.demo import run_demo
+
+    sys.exit(run_demo(epochs=epochs, runner=runner))
+
+
+def _register_optional() -> None:
+    try:
+        from trainport.select.cli import select_command
+    except ImportError:
+        return
+    cli.add_command(select_command, "select")
+
+
+_register_optional()
+
+
+def main() -> None:
+    cli(prog_name="trainport")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""The host agent: one host's whole life, reported as events.
+
+``HostAgent.run`` goes Downloading -> Training -> Uploading and returns how the training
+process ended. The supervisor above it owns job-level policy (stop requests, max runtime,
+the status machine); it calls :meth:`HostAgent.terminate` to stop, which forwards SIGTERM to
+the training process group, waits the grace period, then sends SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainport.config import Settings
+from trainport.errors import TrainportError
+from trainport.host import command as commands
+from trainport.host.artifacts import upload_artifacts
+from trainport.host.channels import object_order, resolve_channel, shard, stage_file_channel
+from trainport.host.checkpoints import CheckpointSync
+from trainport.host.layout import HostLayout, hosts_file_text, resource_config
+from trainport.host.metrics import MetricParser
+from trainport.jobs.records import MetricPoint
+from trainport.jobs.status import Event, Finished, Phase
+from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
+from trainport.spec import JobSpec
+from trainport.store.api import ObjectStore, S3Uri
+
+__all__ = ["HostAgent", "HostPlan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """The blueprint of one host of a job."""
+
+    spec: JobSpec
+    arn: str
+    host: str
+    hosts: tuple[str, ...]
+    job_dir: Path
+
+    @property
+    def host_index(self) -> int:
+        return sorted(self.hosts).index(self.host)
+
+    @property
+    def layout(self) -> HostLayout:
+        return HostLayout(self.job_dir / "hosts" / self.host)
+
+    @property
+    def log_path(self) -> Path:
+        return self.job_dir / "logs" / f"{self.host}.log"
+
+    @property
+    def hosts_file(self) -> Path:
+        return self.job_dir / "hosts" / f"{self.host}.etc-hosts"
+
+
+def _gpu_count() -> int:
+    try:
+        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        return 0
+
+
+class _Stopped(Exception):
+    """A stop arrived before training started."""
+
+
+class HostAgent:
+    def __init__(
+        self,
+        plan: HostPlan,
+        *,
+        store: ObjectStore,
+        runner: Runner,
+        settings: Settings,
+        emit: Callable[[Event], None],
+        on_metrics: Callable[[list[MetricPoint]], None],
+        on_started: Callable[[int], None] = lambda pgid: None,
+    ) -> None:
+        self.plan = plan
+        self.store = store
+        self.runner = runner
+        self.settings = settings
+        self.emit = emit
+        self.on_metrics = on_metrics
+        self.on_started = on_started
+        self.metrics = MetricParser(plan.spec.metric_definitions)
+        self._process: HostProcess | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def terminate(self, grace: float) -> None:
+        """SIGTERM the training process group, SIGKILL it ``grace`` seconds later."""
+        with self._lock:
+            self._stop.set()
+            process = self._process
+        if process is None:
+            return
+        process.signal(TERM)
+
+        def kill_later() -> None:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if process.popen.poll() is not None and not process.group_alive():
+                    return
+                time.sleep(0.05)
+            log.info("grace period of %.0f s over; sending SIGKILL", grace)
+            process.signal(KILL)
+
+        threading.Thread(target=kill_later, name="grace-killer", daemon=True).start()
+
+    # -- the host's life ------------------------------------------------------------------
+
+    def run(self) -> Finished:
+        plan, layout = self.plan, self.plan.layout
+        spec = plan.spec
+        checkpoints: CheckpointSync | None = None
+        result: Finished
+        try:
+            self.emit(Phase("Downloading", "Downloading input data"))
+            self._prepare(layout)
+            if spec.checkpoint_uri:
+                checkpoints = CheckpointSync(
+                    self.store, spec.checkpoint_uri, layout.local(spec.checkpoint_local_path)
+                )
+                seeded = checkpoints.seed()
+                log.info("seeded %d checkpoint files from %s", seeded, spec.checkpoint_uri)
+            self._stage_channels(layout)
+            cmd = self._command(layout)
+            if self._stop.is_set():
+                raise _Stopped
+            self.emit(Phase("Training", "Training in progress"))
+            result = self._train(cmd, layout, checkpoints)
+        except _Stopped:
+            result = Finished(None, None)
+        except TrainportError as exc:
+            log.error("host %s could not run the job: %s", plan.host, exc)
+            result = Finished(None, f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # an agent bug must still end the job with a reason
+            log.exception("host %s failed", plan.host)
+            result = Finished(None, f"InternalError: {type(exc).__name__}: {exc}")
+        self.emit(Phase("Uploading", "Uploading generated training model"))
+        return self._finish(result, layout, checkpoints)
+
+    def _prepare(self, layout: HostLayout) -> None:
+        plan, spec = self.plan, self.plan.spec
+        layout.create()
+        plan.log_path.parent.mkdir(parents=True, exist_ok=True)
+        addresses = {h: f"127.0.0.{i + 1}" for i, h in enumerate(sorted(plan.hosts))}
+        plan.hosts_file.write_text(hosts_file_text(addresses))
+        layout.write_configs(
+            spec.hyperparameters,
+            {c.name: c.input_data_config_entry() for c in spec.channels},
+            self._resource_config(),
+        )
+
+    def _resource_config(self) -> dict[str, object]:
+        return resource_config(self.plan.host, list(self.plan.hosts), self.plan.spec.instance_type)
+
+    def _stage_channels(self, layout: HostLayout) -> None:
+        plan = self.plan
+        for channel in plan.spec.channels:
+            if self._stop.is_set():
+                raise _Stopped
+            objects = resolve_channel(self.store, channel)
+            ordered = object_order(objects, channel.shuffle_seed, epoch=0)
+            mine = shard(ordered, channel.distribution, plan.host_index, len(plan.hosts))
+            stats = stage_file_channel(
+                self.store,
+                mine,
+                layout.channel_dir(channel.name),
+                workers=self.settings.download_workers,
+                label=f"channel {channel.name}",
+            )
+            log.info(
+                "channel %s: %d objects, %.1f MiB in %.2f s",
+                channel.name,
+                stats.objects,
+                stats.bytes / (1 << 20),
+                stats.seconds,
+            )
+
+    def _base_env(self, base_dir: str) -> dict[str, str]:
+        spec = self.plan.spec
+        env = dict(os.environ)
+        for key in [k for k in env if k.startswith(("SM_", "TRAINPORT_"))]:
+            del env[key]  # the job's contract, not the caller's leftovers
+        env.update(spec.environment)
+        env["TRAINING_JOB_NAME"] = spec.name
+        env["TRAINING_JOB_ARN"] = self.plan.arn
+        env["SAGEMAKER_BASE_DIR"] = base_dir
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _command(self, layout: HostLayout) -> commands.Command:
+        spec = self.plan.spec
+        base_dir = self.runner.base_dir(layout.root)
+        env = self._base_env(base_dir)
+        how = commands.check_runnable(spec)
+        if how != "script":
+            return commands.plain_command(spec, env, f"{base_dir}/code")
+        from trainport.host import script_mode
+
+        source = S3Uri.parse(
+            spec.hyperparameters["sagemaker_submit_directory"].strip('"'),
+            field="HyperParameters.sagemaker_submit_directory",
+        )
+        script_mode.unpack_sourcedir(
+            self.store.get_bytes(source.bucket, source.key), layout.code_dir
+        )
+        python = script_mode.prepare_python(
+            layout.code_dir,
+            self.settings.envs_dir,
+            base_python=sys.executable,
+            log=lambda line: self._log_line(f"[trainport] {line}"),
+        )
+        argv, sm_env = script_mode.script_invocation(
+            base_dir=Path(base_dir),
+            hyperparameters=spec.hyperparameters,
+            resource_config=self._resource_config(),
+            input_data_config={c.name: c.input_data_config_entry() for c in spec.channels},
+            python=python,
+            num_gpus=_gpu_count(),
+            num_cpus=os.cpu_count() or 1,
+        )
+        return commands.Command(tuple(argv), f"{base_dir}/code", {**env, **sm_env})
+
+    # -- training -------------------------------------------------------------------------
+
+    def _log_line(self, text: str) -> None:
+        with open(self.plan.log_path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.3f}\t{text}\n")
+
+    def _train(
+        self, cmd: commands.Command, layout: HostLayout, checkpoints: CheckpointSync | None
+    ) -> Finished:
+        placement = Placement(
+            root=layout.root,
+            hosts_file=self.plan.hosts_file,
+            argv=cmd.argv,
+            env=cmd.env,
+            cwd=cmd.cwd,
+            hide=(self.settings.jobs_dir, self.settings.store_root),
+        )
+        with self._lock:
+            if self._stop.is_set():
+                raise _Stopped
+            process = self.runner.start(placement)
+            self._process = process
+        self.on_started(process.pgid)
+        log.info("host %s started %s (process group %d)", self.plan.host, cmd.argv, process.pgid)
+        done = threading.Event()
+        syncer = None
+        if checkpoints is not None and self.settings.checkpoint_sync_seconds > 0:
+            syncer = threading.Thread(
+                target=self._sync_loop,
+                args=(checkpoints, done),
+                name="checkpoint-sync",
+                daemon=True,
+            )
+            syncer.start()
+        self._pump_logs(process)
+        code = process.wait()
+        # Children the training process left behind (a DataLoader worker, a shell's job)
+        # still hold the group: give them the same grace, then end them.
+        if process.group_alive():
+            process.signal(TERM)
+            deadline = time.monotonic() + 5
+            while process.group_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            process.signal(KILL)
+        done.set()
+        if syncer is not None:
+            syncer.join()
+        return Finished(code, self._failure_reason(layout, code))
+
+    def _sync_loop(self, checkpoints: CheckpointSync, done: threading.Event) -> None:
+        while not done.wait(self.settings.checkpoint_sync_seconds):
+            try:
+                checkpoints.sync()
+            except TrainportError as exc:
+                log.warning("checkpoint sync failed (will retry): %s", exc)
+
+    def _pump_logs(self, process: HostProcess) -> None:
+        """Copy the job's output into its log with timestamps, and parse metrics."""
+        pending: list[MetricPoint] = []
+        last_flush = time.monotonic()
+        with open(self.plan.log_path, "ab") as out:
+            for raw in iter(process.stdout.readline, b""):
+                now = time.time()
+                out.write(f"{now:.3f}\t".encode() + raw.rstrip(b"\n") + b"\n")
+                out.flush()
+                if self.metrics:
+                    pending += self.metrics.parse(raw.decode("utf-8", "replace"), now)
+                    if pending and time.monotonic() - last_flush > 0.5:
+                        self.on_metrics(pending)
+                        pending, last_flush = [], time.monotonic()
+        if pending:
+            self.on_metrics(pending)
+
+    @staticmethod
+    def _failure_reason(layout: HostLayout, code: int) -> str | None:
+        if code == 0:
+            return None
+        try:
+            text = layout.failure_file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        return text[:1024] if text.strip() else f"AlgorithmError: , exit code: {code}"
+
+    # -- the end --------------------------------------------------------------------------
+
+    def _finish(
+        self, result: Finished, layout: HostLayout, checkpoints: CheckpointSync | None
+    ) -> Finished:
+        spec = self.plan.spec
+        problems = []
+        if checkpoints is not None:
+            try:
+                checkpoints.sync()
+            except TrainportError as exc:
+                problems.append(f"checkpoint upload failed: {exc}")
+        try:
+            self.model_uri = upload_artifacts(
+                self.store, spec.output_path, spec.name, layout.model_dir, layout.output_data_dir
+            )
+        except TrainportError as exc:
+            problems.append(f"artifact upload failed: {exc}")
+        if problems and result.exit_code == 0:
+            return Finished(1, "ClientError: " + "; ".join(problems))
+        return result
+
+    model_uri: str | None = None

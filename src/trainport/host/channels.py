@@ -1,0 +1,164 @@
+"""Channels in File mode: which objects a host gets, where each lands, and staging them.
+
+The decisions are pure functions (:func:`object_order`, :func:`shard`, :func:`relative_path`)
+with unit tests; :func:`resolve_channel` lists or reads a manifest from the store, and
+:func:`stage_file_channel` downloads in parallel.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainport.errors import ValidationError
+from trainport.spec import ChannelSpec
+from trainport.store.api import ObjectStore, S3Uri
+from trainport.store.transfer import Transfer, TransferStats, download_all
+
+__all__ = [
+    "ChannelObject",
+    "object_order",
+    "relative_path",
+    "resolve_channel",
+    "shard",
+    "stage_file_channel",
+]
+
+
+@dataclass(frozen=True)
+class ChannelObject:
+    bucket: str
+    key: str
+    rel_path: str  # where it lands under /opt/ml/input/data/<channel>/
+    size: int
+
+
+def relative_path(rel: str, *, what: str) -> str:
+    """``rel`` if it stays inside its channel folder; a clear error otherwise."""
+    if rel.startswith("/") or "\\" in rel:
+        raise ValidationError(f"{what} would land outside the channel directory (absolute path)")
+    parts = rel.split("/")
+    if any(p == ".." for p in parts):
+        raise ValidationError(
+            f"{what} would land outside the channel directory ('..' in its path); "
+            "rename the object or fix the manifest"
+        )
+    clean = posixpath.normpath(rel)
+    if clean in (".", "") or clean.startswith("../"):
+        raise ValidationError(f"{what} has no usable file name")
+    return clean
+
+
+def _prefix_objects(store: ObjectStore, uri: S3Uri, where: str) -> list[ChannelObject]:
+    found = store.list_objects(uri.bucket, uri.key)
+    objects = []
+    for obj in found:
+        if obj.key.endswith("/"):
+            continue
+        rel = obj.key[len(uri.key) :].lstrip("/") or posixpath.basename(obj.key)
+        rel = relative_path(rel, what=f"{where}: object s3://{uri.bucket}/{obj.key}")
+        objects.append(ChannelObject(uri.bucket, obj.key, rel, obj.size))
+    return objects
+
+
+def _manifest_objects(store: ObjectStore, uri: S3Uri, where: str) -> list[ChannelObject]:
+    raw = store.get_bytes(uri.bucket, uri.key)
+    try:
+        doc: Any = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationError(f"{where}: manifest {uri} is not JSON: {exc}") from exc
+    if (
+        not isinstance(doc, list)
+        or not doc
+        or not isinstance(doc[0], dict)
+        or not isinstance(doc[0].get("prefix"), str)
+    ):
+        raise ValidationError(
+            f"{where}: manifest {uri} must be a JSON array whose first element is "
+            '{"prefix": "s3://bucket/prefix/"} followed by keys relative to it'
+        )
+    prefix = S3Uri.parse(doc[0]["prefix"], field=f"{where}: manifest {uri} prefix")
+    # One listing of the prefix gives every entry's size (one request per page, not per key).
+    sizes = {o.key: o.size for o in store.list_objects(prefix.bucket, prefix.key)}
+    objects = []
+    for i, entry in enumerate(doc[1:], start=1):
+        if not isinstance(entry, str) or not entry:
+            raise ValidationError(
+                f"{where}: manifest {uri} entry {i} is not a key string: {entry!r}"
+            )
+        rel = relative_path(entry, what=f"{where}: manifest {uri} entry {i} {entry!r}")
+        key = prefix.key + entry
+        if key not in sizes:
+            raise ValidationError(
+                f"{where}: manifest {uri} entry {i} names s3://{prefix.bucket}/{key}, "
+                "which does not exist"
+            )
+        objects.append(ChannelObject(prefix.bucket, key, rel, sizes[key]))
+    return objects
+
+
+def resolve_channel(store: ObjectStore, channel: ChannelSpec) -> list[ChannelObject]:
+    """Every object of a channel, in key (or manifest) order; never empty."""
+    where = f"channel {channel.name!r}"
+    uri = S3Uri.parse(channel.s3_uri, field=f"{where} S3Uri")
+    if channel.s3_data_type == "ManifestFile":
+        objects = _manifest_objects(store, uri, where)
+    else:
+        objects = _prefix_objects(store, uri, where)
+    if not objects:
+        raise ValidationError(
+            f'No S3 objects found under S3 URL "{channel.s3_uri}" given in input data '
+            f"source ({where}); put the data there first (in the {store.description})"
+        )
+    seen: dict[str, str] = {}
+    for obj in objects:
+        if obj.rel_path in seen:
+            raise ValidationError(
+                f"{where}: objects {seen[obj.rel_path]!r} and {obj.key!r} would both land at "
+                f"{obj.rel_path!r}"
+            )
+        seen[obj.rel_path] = obj.key
+    return objects
+
+
+def object_order(
+    objects: Sequence[ChannelObject], seed: int | None, epoch: int
+) -> list[ChannelObject]:
+    """The channel's object order: as listed, or shuffled as a pure function of
+    (seed, epoch, object list), identical on every host and every rerun."""
+    ordered = sorted(objects, key=lambda o: o.key) if seed is not None else list(objects)
+    if seed is not None:
+        random.Random(f"{seed}:{epoch}").shuffle(ordered)
+    return ordered
+
+
+def shard(
+    objects: Sequence[ChannelObject], distribution: str, host_index: int, host_count: int
+) -> list[ChannelObject]:
+    """The objects host ``host_index`` of ``host_count`` gets: all of them when fully
+    replicated; with ShardedByS3Key every ``host_count``-th, so shards are disjoint,
+    cover the channel and differ in size by at most one object."""
+    if not 0 <= host_index < host_count:
+        raise ValueError(f"host index {host_index} outside 0..{host_count - 1}")
+    if distribution != "ShardedByS3Key" or host_count == 1:
+        return list(objects)
+    return [o for i, o in enumerate(objects) if i % host_count == host_index]
+
+
+def stage_file_channel(
+    store: ObjectStore,
+    objects: Sequence[ChannelObject],
+    dest: Path,
+    *,
+    workers: int,
+    progress: bool = False,
+    label: str = "download",
+) -> TransferStats:
+    dest.mkdir(parents=True, exist_ok=True)
+    items = [Transfer(o.bucket, o.key, dest / o.rel_path, o.size) for o in objects]
+    return download_all(store, items, workers=workers, label=label, progress=progress)

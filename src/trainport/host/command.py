@@ -1,0 +1,90 @@
+"""What a host runs, decided from the spec: an entrypoint, an image folder, or script mode.
+
+SageMaker runs ``<image> train`` or ``ContainerEntrypoint + ContainerArguments``. trainport
+has no container engine, so an "image" is a local folder holding an executable ``train``
+(the bring-your-own-container shape); any other TrainingImage (a framework image URI, as the
+SageMaker SDK sends) works in script mode, where trainport plays the framework container.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainport.errors import ValidationError
+from trainport.spec import JobSpec
+
+__all__ = ["Command", "check_runnable", "image_dir", "plain_command"]
+
+SCRIPT_MODE_KEYS = ("sagemaker_program", "sagemaker_submit_directory")
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]
+
+
+def image_dir(spec: JobSpec) -> Path | None:
+    """The TrainingImage as a local folder, if it is one."""
+    if not spec.training_image:
+        return None
+    path = Path(spec.training_image).expanduser()
+    return path.resolve() if path.is_dir() else None
+
+
+def is_script_mode(spec: JobSpec) -> bool:
+    return all(k in spec.hyperparameters for k in SCRIPT_MODE_KEYS)
+
+
+def check_runnable(spec: JobSpec) -> str:
+    """How the job will run ("entrypoint" | "image" | "script"), or a clear error now."""
+    if spec.entrypoint:
+        exe = spec.entrypoint[0]
+        if "/" not in exe and shutil.which(exe) is None:
+            raise ValidationError(
+                f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} is not on PATH; give its "
+                "full path or install it"
+            )
+        if exe.startswith("/") and not exe.startswith("/opt/ml/") and not os.access(exe, os.X_OK):
+            raise ValidationError(
+                f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} does not exist or is not "
+                "executable"
+            )
+        return "entrypoint"
+    folder = image_dir(spec)
+    if folder is not None:
+        train = folder / "train"
+        if not train.is_file() or not os.access(train, os.X_OK):
+            raise ValidationError(
+                f"AlgorithmSpecification.TrainingImage: the folder {folder} has no executable "
+                "'train'; add one (chmod +x) or give ContainerEntrypoint"
+            )
+        return "image"
+    if is_script_mode(spec):
+        return "script"
+    if any(k in spec.hyperparameters for k in SCRIPT_MODE_KEYS):
+        raise ValidationError(
+            "script mode needs both HyperParameters sagemaker_program and "
+            "sagemaker_submit_directory (trainport run --entry-point sets both)"
+        )
+    raise ValidationError(
+        f"AlgorithmSpecification.TrainingImage {spec.training_image!r} is not a local folder "
+        "with an executable 'train', and trainport runs no container engine; give "
+        "ContainerEntrypoint, an image folder, or use script mode (--entry-point)"
+    )
+
+
+def plain_command(spec: JobSpec, env: dict[str, str], code_dir: str) -> Command:
+    """The command of an entrypoint or image-folder job; it starts in the image folder if
+    there is one, else in the job's code folder (``/opt/ml/code``)."""
+    if spec.entrypoint:
+        folder = image_dir(spec)
+        return Command(spec.entrypoint + spec.arguments, str(folder or code_dir), env)
+    folder = image_dir(spec)
+    assert folder is not None  # check_runnable ran first
+    path = f"{folder}{os.pathsep}{env.get('PATH', '')}"
+    return Command((str(folder / "train"), "train"), str(folder), {**env, "PATH": path})

@@ -1,0 +1,129 @@
+"""The job record: what trainport knows about one training job, and its API view."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["JobRecord", "MetricPoint", "Transition"]
+
+
+@dataclass(frozen=True)
+class Transition:
+    status: str
+    start_time: float
+    end_time: float | None
+    message: str
+
+    def to_api(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "Status": self.status,
+            "StartTime": self.start_time,
+            "StatusMessage": self.message,
+        }
+        if self.end_time is not None:
+            out["EndTime"] = self.end_time
+        return out
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    name: str
+    value: float
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    name: str
+    arn: str
+    request: dict[str, Any]
+    creation_time: float
+    status: str = "InProgress"
+    secondary_status: str = "Starting"
+    status_message: str = ""
+    last_modified_time: float = 0.0
+    transitions: tuple[Transition, ...] = ()
+    failure_reason: str | None = None
+    stop_reason: str | None = None
+    training_start_time: float | None = None
+    training_end_time: float | None = None
+    model_artifacts: str | None = None
+    final_metrics: tuple[MetricPoint, ...] = ()
+    runner: str = ""
+    job_dir: str = ""
+    # The supervising process, to tell a live job from one whose supervisor died:
+    # (pid, the process's start time in clock ticks since boot, boot id).
+    supervisor: tuple[int, int, str] | None = None
+    training_pgid: int | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> JobRecord:
+        doc = dict(doc)
+        doc["transitions"] = tuple(Transition(**t) for t in doc.get("transitions", ()))
+        doc["final_metrics"] = tuple(MetricPoint(**m) for m in doc.get("final_metrics", ()))
+        doc["notes"] = tuple(doc.get("notes", ()))
+        if doc.get("supervisor") is not None:
+            doc["supervisor"] = tuple(doc["supervisor"])
+        return cls(**doc)
+
+    def to_describe(self) -> dict[str, Any]:
+        """The DescribeTrainingJob response for this job."""
+        req = self.request
+        out: dict[str, Any] = {
+            "TrainingJobName": self.name,
+            "TrainingJobArn": self.arn,
+            "TrainingJobStatus": self.status,
+            "SecondaryStatus": self.secondary_status,
+            "CreationTime": self.creation_time,
+            "LastModifiedTime": self.last_modified_time or self.creation_time,
+            "SecondaryStatusTransitions": [t.to_api() for t in self.transitions],
+            "ModelArtifacts": {"S3ModelArtifacts": self.model_artifacts or ""},
+        }
+        # Echo of the request, as SageMaker's response carries it.
+        for key in (
+            "HyperParameters",
+            "AlgorithmSpecification",
+            "RoleArn",
+            "InputDataConfig",
+            "OutputDataConfig",
+            "ResourceConfig",
+            "VpcConfig",
+            "StoppingCondition",
+            "EnableNetworkIsolation",
+            "EnableInterContainerTrafficEncryption",
+            "EnableManagedSpotTraining",
+            "CheckpointConfig",
+            "DebugHookConfig",
+            "ExperimentConfig",
+            "TensorBoardOutputConfig",
+            "Environment",
+            "RetryStrategy",
+        ):
+            if key in req:
+                out[key] = req[key]
+        out.setdefault("StoppingCondition", {"MaxRuntimeInSeconds": 86400})
+        out.setdefault(
+            "ResourceConfig", {"InstanceType": "local", "InstanceCount": 1, "VolumeSizeInGB": 1}
+        )
+        if self.failure_reason:
+            out["FailureReason"] = self.failure_reason
+        if self.training_start_time is not None:
+            out["TrainingStartTime"] = self.training_start_time
+        if self.training_end_time is not None:
+            out["TrainingEndTime"] = self.training_end_time
+            start = self.training_start_time or self.creation_time
+            seconds = max(1, round(self.training_end_time - start))
+            out["TrainingTimeInSeconds"] = seconds
+            out["BillableTimeInSeconds"] = seconds
+        if self.final_metrics:
+            out["FinalMetricDataList"] = [
+                {"MetricName": m.name, "Value": m.value, "Timestamp": m.timestamp}
+                for m in self.final_metrics
+            ]
+        return out

@@ -1,0 +1,283 @@
+"""The jobs service: the one door the CLI, the HTTP server and the Python client go through.
+
+It validates and checks a request before anything runs (so bad input fails fast and nothing
+stored is touched), persists the record, and starts a detached supervisor process for the
+job. Every read first reconciles: a job whose supervisor is gone is ended, Failed with a
+reason that says so (see README, "Durability"), never left InProgress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainport.config import Settings, load_settings
+from trainport.errors import ResourceInUseError, ValidationError
+from trainport.host import command as commands
+from trainport.host.artifacts import upload_artifacts
+from trainport.host.channels import resolve_channel
+from trainport.jobs import liveness
+from trainport.jobs.db import JobDB, ListQuery
+from trainport.jobs.records import JobRecord, Transition
+from trainport.jobs.status import Finished, Status, StopRequested, advance
+from trainport.runners.api import select_runner
+from trainport.spec import JobSpec, parse_request
+from trainport.store.api import ObjectStore, S3Uri, open_store
+
+__all__ = ["JobService", "LogLine"]
+
+log = logging.getLogger(__name__)
+
+LogLine = tuple[float, str]
+_LAUNCH_WINDOW = 60.0  # seconds a new job may take to record its supervisor
+
+
+class JobService:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or load_settings()
+        self.db = JobDB(self.settings.db_path)
+        self._store: ObjectStore | None = None
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = open_store(self.settings)
+        return self._store
+
+    def arn(self, name: str) -> str:
+        s = self.settings
+        return f"arn:aws:sagemaker:{s.region}:{s.account_id}:training-job/{name}"
+
+    # -- create ---------------------------------------------------------------------------
+
+    def check(self, request: dict[str, Any]) -> JobSpec:
+        """Validate ``request`` and everything it points at, without running anything."""
+        spec = parse_request(request)
+        how = commands.check_runnable(spec)
+        for channel in spec.channels:
+            resolve_channel(self.store, channel)
+        if spec.checkpoint_uri:
+            S3Uri.parse(spec.checkpoint_uri, field="CheckpointConfig.S3Uri")
+        if how == "script":
+            self._check_script(spec)
+        return spec
+
+    def _check_script(self, spec: JobSpec) -> None:
+        from trainport.host import script_mode
+
+        raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
+        uri = S3Uri.parse(raw, field="HyperParameters.sagemaker_submit_directory")
+        if not self.store.exists(uri.bucket, uri.key):
+            raise ValidationError(
+                f"HyperParameters.sagemaker_submit_directory: {raw} does not exist in the "
+                f"{self.store.description}"
+            )
+        program = spec.hyperparameters["sagemaker_program"].strip('"')
+        with tempfile.TemporaryDirectory(prefix="trainport-check-") as tmp:
+            script_mode.unpack_sourcedir(self.store.get_bytes(uri.bucket, uri.key), Path(tmp))
+            if not (Path(tmp) / program).is_file():
+                raise ValidationError(
+                    f"HyperParameters.sagemaker_program: the entry point {program!r} is not in "
+                    f"the source archive {raw}; check --entry-point and --source-dir"
+                )
+
+    def create(self, request: dict[str, Any], *, runner: str | None = None) -> str:
+        """Accept a CreateTrainingJob request and start it; returns the job's ARN."""
+        name = request.get("TrainingJobName") if isinstance(request, dict) else None
+        if isinstance(name, str) and self.db.exists(name):
+            raise ResourceInUseError(
+                f"Training job {name!r} already exists; choose another TrainingJobName "
+                "(names are unique, as in SageMaker)"
+            )
+        spec = self.check(request)
+        chosen = select_runner(runner or spec.runner or self.settings.runner)
+        now = time.time()
+        record = JobRecord(
+            name=spec.name,
+            arn=self.arn(spec.name),
+            request=request,
+            creation_time=now,
+            last_modified_time=now,
+            status_message="Preparing the instances for training",
+            transitions=(
+                Transition("Starting", now, None, "Preparing the instances for training"),
+            ),
+            runner=chosen.name,
+            job_dir=str(self.settings.jobs_dir / spec.name),
+        )
+        self.db.insert(record)
+        self._launch(spec.name)
+        return record.arn
+
+    def _launch(self, name: str) -> None:
+        job_dir = self.settings.jobs_dir / name
+        job_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "TRAINPORT_HOME": str(self.settings.home)}
+        with open(job_dir / "supervisor.log", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainport.jobs.supervisor", name],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        ident = liveness.identity(proc.pid)
+        # Reap it when it ends, so a long-lived caller (the server) keeps no zombies.
+        threading.Thread(target=proc.wait, name=f"reap-{name}", daemon=True).start()
+        if ident is not None:
+            self.db.update(name, lambda r: dataclasses.replace(r, supervisor=ident))
+
+    # -- read -----------------------------------------------------------------------------
+
+    def get(self, name: str) -> JobRecord:
+        self.reconcile()
+        return self.db.get(name)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        return self.get(name).to_describe()
+
+    def list(self, query: ListQuery | None = None) -> list[JobRecord]:
+        self.reconcile()
+        return self.db.list(query or ListQuery())
+
+    def metric_series(self, name: str) -> dict[str, list[tuple[float, float]]]:
+        self.db.get(name)
+        return self.db.metric_series(name)
+
+    # -- stop -----------------------------------------------------------------------------
+
+    def stop(self, name: str) -> JobRecord:
+        self.reconcile()
+        record = self.db.update(
+            name,
+            lambda r: advance(r, StopRequested("user", "Stopping the training job"), time.time()),
+        )
+        if record.supervisor is not None and liveness.is_alive(record.supervisor):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(record.supervisor[0], signal.SIGUSR1)
+        return record
+
+    # -- durability -----------------------------------------------------------------------
+
+    def reconcile(self) -> list[str]:
+        """End every unfinished job whose supervisor is gone; returns their names."""
+        ended = []
+        for name in self.db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]):
+            record = self.db.get(name)
+            if record.supervisor is None:
+                if time.time() - record.creation_time < _LAUNCH_WINDOW:
+                    continue
+            elif liveness.is_alive(record.supervisor):
+                continue
+            self._end_orphan(record)
+            ended.append(name)
+        return ended
+
+    def _end_orphan(self, record: JobRecord) -> None:
+        pid = record.supervisor[0] if record.supervisor else None
+        killed = _stop_group(record.training_pgid, record.arn)
+        reason = (
+            f"InternalServerError: trainport's supervisor of this job (pid {pid}) ended "
+            "without finishing it (it was killed or crashed)"
+            + ("; its training processes were stopped" if killed else "")
+            + ". Run the job again under a new name; with CheckpointConfig it resumes from "
+            "the last synced checkpoint."
+        )
+        log.warning("job %s: %s", record.name, reason)
+        model_uri = None
+        if record.job_dir:
+            root = Path(record.job_dir) / "hosts" / "algo-1"
+            with contextlib.suppress(Exception):
+                spec = parse_request(record.request, validate=False)
+                model_uri = upload_artifacts(
+                    self.store,
+                    spec.output_path,
+                    spec.name,
+                    root / "model",
+                    root / "output" / "data",
+                )
+
+        def end(r: JobRecord) -> JobRecord:
+            if Status(r.status).terminal:
+                return r
+            done = advance(r, Finished(None, reason), time.time())
+            return dataclasses.replace(done, model_artifacts=model_uri or r.model_artifacts)
+
+        self.db.update(record.name, end)
+
+    # -- logs -----------------------------------------------------------------------------
+
+    def log_path(self, name: str, host: str = "algo-1") -> Path:
+        return self.settings.jobs_dir / name / "logs" / f"{host}.log"
+
+    def logs(self, name: str, *, follow: bool = False, poll: float = 0.1) -> Iterator[LogLine]:
+        """The job's log lines with their timestamps; ``follow`` waits for more until the
+        job has ended and every line is read."""
+        self.db.get(name)
+        path = self.log_path(name)
+        offset = 0
+        buffer = b""
+        while True:
+            ended = Status(self.get(name).status).terminal if follow else True
+            if path.exists():
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                offset += len(chunk)
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for raw in lines:
+                    stamp, _, text = raw.partition(b"\t")
+                    try:
+                        ts = float(stamp)
+                    except ValueError:
+                        ts, text = 0.0, raw
+                    yield ts, text.decode("utf-8", "replace")
+            if ended:
+                return
+            time.sleep(poll)
+
+
+def _stop_group(pgid: int | None, arn: str) -> bool:
+    """Kill what is left of a job's training process group, if it is still that job's."""
+    if not pgid:
+        return False
+    members = []
+    marker = f"TRAINING_JOB_ARN={arn}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != pgid:
+                continue
+            environ = (entry / "environ").read_bytes()
+        except (OSError, ProcessLookupError):
+            continue
+        if marker in environ.split(b"\0"):
+            members.append(int(entry.name))
+    if not members:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    return True

@@ -1,0 +1,131 @@
+"""The runner contract: start one host's training command and let the agent signal it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from trainport.errors import SandboxError, ValidationError
+
+__all__ = ["HostProcess", "Placement", "Runner", "select_runner"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Everything a runner needs to start one host's training command."""
+
+    root: Path  # the host's /opt/ml tree on disk
+    hosts_file: Path  # what the job sees as /etc/hosts
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    hide: tuple[Path, ...] = field(default_factory=tuple)  # trainport folders a job must not see
+
+
+class HostProcess:
+    """A started training command: its process group receives the signals."""
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], pgid: int, keep_open: IO[str] | None = None
+    ) -> None:
+        self.popen = popen
+        self.pgid = pgid
+        # A pipe the launcher writes to until it exits (bwrap's status fd): kept open so
+        # the launcher never dies of SIGPIPE before reporting the exit code.
+        self._keep_open = keep_open
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        assert self.popen.stdout is not None
+        return self.popen.stdout
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit code, with death by signal N reported as 128 + N (as containers do)."""
+        code = self.popen.wait(timeout)
+        if self._keep_open is not None:
+            self._keep_open.close()
+            self._keep_open = None
+        return 128 - code if code < 0 else code
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class Runner(ABC):
+    name: str
+
+    @abstractmethod
+    def base_dir(self, placement_root: Path) -> str:
+        """Where the job sees its /opt/ml tree."""
+
+    @abstractmethod
+    def start(self, placement: Placement) -> HostProcess: ...
+
+    def _popen(
+        self, argv: list[str], placement: Placement, cwd: str | None = None, **kw: object
+    ) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+                argv,
+                env=placement.env,
+                cwd=cwd or placement.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **kw,
+            )
+        except FileNotFoundError as exc:
+            raise ValidationError(
+                f"cannot start the training command {placement.argv[0]!r}: {exc.strerror}. "
+                "Check ContainerEntrypoint or the image directory"
+            ) from exc
+        except PermissionError as exc:
+            raise ValidationError(
+                f"the training command {placement.argv[0]!r} is not executable; chmod +x it"
+            ) from exc
+
+
+def select_runner(name: str) -> Runner:
+    """The runner called ``name``; "auto" is the sandbox where it works, else processes."""
+    from trainport.runners.process import ProcessRunner
+    from trainport.runners.sandbox import SandboxRunner, sandbox_problem
+
+    if name == "process":
+        return ProcessRunner()
+    problem = sandbox_problem()
+    if name == "sandbox":
+        if problem:
+            raise SandboxError(
+                f"the sandbox runner cannot work on this machine: {problem}. "
+                "Use --runner process (no isolation) or install bubblewrap"
+            )
+        return SandboxRunner()
+    if problem:
+        log.warning("sandbox unavailable (%s); running jobs as plain processes", problem)
+        return ProcessRunner()
+    return SandboxRunner()
+
+
+# Signals trainport forwards to the training process group.
+TERM = signal.SIGTERM
+KILL = signal.SIGKILL
