@@ -1,0 +1,128 @@
+"""TFRecord framing (CONTRACT.md section 4): a reader, a writer and a one-record encoder.
+
+Each record is ``uint64 length (LE) | uint32 masked_crc32c(length) | data |
+uint32 masked_crc32c(data)``. Both checksums are always verified: the length checksum first,
+because a wrong length would make the reader misparse everything after it.
+
+Recovery from corruption: a record whose *data* checksum fails has a trustworthy length, so
+the reader steps over it; a record whose *length* checksum fails gives no length, so the
+reader scans forward byte by byte for the next 12 bytes that form a valid header.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from trainport.data.crc import masked_crc32c
+from trainport.data.errors import CorruptRecordError
+from trainport.data.framing import ByteStream, CorruptionPolicy
+
+__all__ = ["TFRecordWriter", "encode_tfrecord", "iter_tfrecords"]
+
+FORMAT = "TFRecord"
+_HEADER = struct.Struct("<QI")
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+
+
+def encode_tfrecord(data: bytes | bytearray | memoryview) -> bytes:
+    """The bytes of one TFRecord holding ``data``."""
+    length = _LENGTH.pack(len(data))
+    return b"".join(
+        (
+            length,
+            _CRC.pack(masked_crc32c(length)),
+            bytes(data),
+            _CRC.pack(masked_crc32c(data)),
+        )
+    )
+
+
+class TFRecordWriter:
+    """Writes TFRecords to a binary stream (which the caller opens and closes)."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self.records = 0
+        self.bytes_written = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Append one record; return the number of bytes written."""
+        encoded = encode_tfrecord(data)
+        self._stream.write(encoded)
+        self.records += 1
+        self.bytes_written += len(encoded)
+        return len(encoded)
+
+
+def _valid_header(buf: bytes, pos: int) -> bool:
+    (crc,) = _CRC.unpack_from(buf, pos + 8)
+    return masked_crc32c(buf[pos : pos + 8]) == crc
+
+
+def _resync(stream: ByteStream) -> bool:
+    """Advance to the next offset holding a valid header; False if the stream ends first."""
+    stream.advance(1)
+    while stream.ensure(12) >= 12:
+        if _valid_header(stream.buf, stream.pos):
+            return True
+        stream.advance(1)
+    stream.advance(len(stream.buf) - stream.pos)
+    return False
+
+
+def iter_tfrecords(stream: ByteStream, policy: CorruptionPolicy | None = None) -> Iterator[bytes]:
+    """Yield the data of each TFRecord in ``stream``.
+
+    ``stream.offset`` is the end of the record just yielded when the consumer receives it,
+    which is what a checkpoint stores to resume after that record.
+    """
+    policy = policy or CorruptionPolicy()
+    while True:
+        avail = stream.ensure(12)
+        if avail == 0:
+            return
+        start = stream.offset
+        if avail < 12:
+            policy.handle(
+                CorruptRecordError(
+                    FORMAT, stream.source, start, f"truncated header ({avail} of 12 bytes)"
+                )
+            )
+            stream.advance(avail)
+            return
+        buf, pos = stream.buf, stream.pos
+        length, length_crc = _HEADER.unpack_from(buf, pos)
+        if masked_crc32c(buf[pos : pos + 8]) != length_crc:
+            policy.handle(
+                CorruptRecordError(FORMAT, stream.source, start, "length checksum mismatch")
+            )
+            if not _resync(stream):
+                return
+            continue
+        total = 16 + length
+        avail = stream.ensure(total)
+        if avail < total:
+            policy.handle(
+                CorruptRecordError(
+                    FORMAT,
+                    stream.source,
+                    start,
+                    f"truncated record: header says {length} data bytes, the stream ends first",
+                )
+            )
+            stream.advance(avail)
+            return
+        buf, pos = stream.buf, stream.pos
+        end = pos + 12 + length
+        data = buf[pos + 12 : end]
+        (data_crc,) = _CRC.unpack_from(buf, end)
+        stream.advance(total)
+        if masked_crc32c(data) != data_crc:
+            policy.handle(
+                CorruptRecordError(FORMAT, stream.source, start, "data checksum mismatch")
+            )
+            continue
+        yield data

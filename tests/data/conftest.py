@@ -1,0 +1,25 @@
+"""Fixtures for trainport.data tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.data.support import FifoProducer
+
+
+@pytest.fixture
+def fifo_producers() -> Iterator[Callable[..., FifoProducer]]:
+    started: list[FifoProducer] = []
+
+    def start(directory: Path, name: str, payload: Callable[[int], bytes], epochs: int) -> FifoProducer:
+        producer = FifoProducer(directory, name, payload, epochs)
+        producer.start()
+        started.append(producer)
+        return producer
+
+    yield start
+    for producer in started:
+        producer.stop()
