@@ -253,6 +253,9 @@ class HostAgent:
             cwd=cmd.cwd,
             hide=(self.settings.jobs_dir, self.settings.store_root),
         )
+        for folder in placement.hide:
+            # Made now so that the sandbox hides them even if they only fill up later.
+            folder.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._stop.is_set():
                 raise _Stopped
