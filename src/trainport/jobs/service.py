@@ -30,7 +30,7 @@ from trainport.host.channels import resolve_channel
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB, ListQuery
 from trainport.jobs.records import JobRecord, Transition
-from trainport.jobs.status import Finished, Status, StopRequested, advance
+from trainport.jobs.status import Finished, Phase, Status, StopRequested, advance
 from trainport.runners.api import select_runner
 from trainport.spec import JobSpec, parse_request
 from trainport.store.api import ObjectStore, S3Uri, open_store
@@ -41,11 +41,14 @@ log = logging.getLogger(__name__)
 
 LogLine = tuple[float, str]
 _LAUNCH_WINDOW = 60.0  # seconds a new job may take to record its supervisor
+PENDING = "Pending"  # SecondaryStatus of a job waiting in a scheduler's queue
 
 
 class JobService:
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, reconcile_on_read: bool = True) -> None:
         self.settings = settings or load_settings()
+        # A long-lived caller (the server's scheduler) reconciles on its own clock instead.
+        self.reconcile_on_read = reconcile_on_read
         self.db = JobDB(self.settings.db_path)
         self._store: ObjectStore | None = None
 
@@ -92,8 +95,13 @@ class JobService:
                     f"the source archive {raw}; check --entry-point and --source-dir"
                 )
 
-    def create(self, request: dict[str, Any], *, runner: str | None = None) -> str:
-        """Accept a CreateTrainingJob request and start it; returns the job's ARN."""
+    def create(
+        self, request: dict[str, Any], *, runner: str | None = None, start: bool = True
+    ) -> str:
+        """Accept a CreateTrainingJob request and start it; returns the job's ARN.
+
+        With ``start=False`` the job waits with SecondaryStatus Pending until
+        :meth:`start` (called by a scheduler when capacity frees)."""
         name = request.get("TrainingJobName") if isinstance(request, dict) else None
         if isinstance(name, str) and self.db.exists(name):
             raise ResourceInUseError(
@@ -116,9 +124,36 @@ class JobService:
             runner=chosen.name,
             job_dir=str(self.settings.jobs_dir / spec.name),
         )
+        if not start:
+            waiting = "Waiting for capacity: the job starts when a running job ends"
+            record = dataclasses.replace(
+                record,
+                secondary_status=PENDING,
+                status_message=waiting,
+                transitions=(Transition(PENDING, now, None, waiting),),
+            )
         self.db.insert(record)
-        self._launch(spec.name)
+        if start:
+            self._launch(spec.name)
         return record.arn
+
+    def start(self, name: str) -> bool:
+        """Start a Pending job; False if it is no longer Pending (stopped meanwhile)."""
+
+        left = [False]
+
+        def leave_queue(r: JobRecord) -> JobRecord:
+            left[0] = False  # update() may retry; only the applied call counts
+            if r.status != Status.IN_PROGRESS.value or r.secondary_status != PENDING:
+                return r
+            left[0] = True
+            return advance(r, Phase("Starting", "Preparing the instances"), time.time())
+
+        self.db.update(name, leave_queue)
+        if not left[0]:
+            return False
+        self._launch(name)
+        return True
 
     def _launch(self, name: str) -> None:
         job_dir = self.settings.jobs_dir / name
@@ -142,14 +177,16 @@ class JobService:
     # -- read -----------------------------------------------------------------------------
 
     def get(self, name: str) -> JobRecord:
-        self.reconcile()
+        if self.reconcile_on_read:
+            self.reconcile()
         return self.db.get(name)
 
     def describe(self, name: str) -> dict[str, Any]:
         return self.get(name).to_describe()
 
     def list(self, query: ListQuery | None = None) -> list[JobRecord]:
-        self.reconcile()
+        if self.reconcile_on_read:
+            self.reconcile()
         return self.db.list(query or ListQuery())
 
     def metric_series(self, name: str) -> dict[str, list[tuple[float, float]]]:
@@ -167,6 +204,9 @@ class JobService:
         if record.supervisor is not None and liveness.is_alive(record.supervisor):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(record.supervisor[0], signal.SIGUSR1)
+        elif _never_started(record):
+            # A queued job has no processes to stop: it ends Stopped at once.
+            record = self.db.update(name, lambda r: advance(r, Finished(None), time.time()))
         return record
 
     # -- durability -----------------------------------------------------------------------
@@ -176,6 +216,8 @@ class JobService:
         ended = []
         for name in self.db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]):
             record = self.db.get(name)
+            if record.secondary_status == PENDING:
+                continue  # queued, not orphaned: its scheduler starts it
             if record.supervisor is None:
                 if time.time() - record.creation_time < _LAUNCH_WINDOW:
                     continue
@@ -248,6 +290,11 @@ class JobService:
             if ended:
                 return
             time.sleep(poll)
+
+
+def _never_started(record: JobRecord) -> bool:
+    """A job stopped while it waited in the queue: Pending, then Stopping, nothing else."""
+    return [t.status for t in record.transitions] == [PENDING, "Stopping"]
 
 
 def _stop_group(pgid: int | None, arn: str) -> bool:
