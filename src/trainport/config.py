@@ -37,6 +37,10 @@ class Settings:
     stop_grace_seconds: float
     checkpoint_sync_seconds: float
     download_workers: int
+    # The server (``trainport server``) and clients of it.
+    endpoint: str | None = None  # TRAINPORT_ENDPOINT: CLI commands go to this server
+    server_keys: tuple[tuple[str, str], ...] = ()  # TRAINPORT_SERVER_KEYS: "AKID:SECRET,..."
+    max_concurrent_jobs: int = 2  # TRAINPORT_MAX_CONCURRENT_JOBS
 
     @property
     def store_root(self) -> Path:
@@ -53,6 +57,22 @@ class Settings:
     @property
     def envs_dir(self) -> Path:
         return self.home / "envs"
+
+    @property
+    def server_keys_path(self) -> Path:
+        return self.home / "server" / "keys.json"
+
+
+def _server_keys(raw: str) -> tuple[tuple[str, str], ...]:
+    keys = []
+    for item in raw.split(","):
+        key_id, sep, secret = item.strip().partition(":")
+        if not sep or not key_id or not secret:
+            raise ValidationError(
+                "TRAINPORT_SERVER_KEYS: write each key as ACCESS_KEY_ID:SECRET, comma-separated"
+            )
+        keys.append((key_id, secret))
+    return tuple(keys)
 
 
 def _float(env: dict[str, str], name: str, default: float) -> float:
@@ -96,4 +116,16 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
             env, "TRAINPORT_CHECKPOINT_SYNC_SECONDS", DEFAULT_CHECKPOINT_SYNC_SECONDS
         ),
         download_workers=int(workers_raw),
+        endpoint=env.get("TRAINPORT_ENDPOINT") or None,
+        server_keys=_server_keys(env["TRAINPORT_SERVER_KEYS"])
+        if env.get("TRAINPORT_SERVER_KEYS")
+        else (),
+        max_concurrent_jobs=_positive(env, "TRAINPORT_MAX_CONCURRENT_JOBS", 2),
     )
+
+
+def _positive(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValidationError(f"{name}={raw!r} must be a positive integer")
+    return int(raw)
