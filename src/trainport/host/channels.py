@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from trainport.errors import ValidationError
 from trainport.spec import ChannelSpec
@@ -22,8 +22,10 @@ from trainport.store.transfer import Transfer, TransferStats, download_all
 
 __all__ = [
     "ChannelObject",
+    "ManifestLine",
     "object_order",
     "relative_path",
+    "resolve_augmented_manifest",
     "resolve_channel",
     "shard",
     "stage_file_channel",
@@ -126,20 +128,81 @@ def resolve_channel(store: ObjectStore, channel: ChannelSpec) -> list[ChannelObj
     return objects
 
 
-def object_order(
-    objects: Sequence[ChannelObject], seed: int | None, epoch: int
-) -> list[ChannelObject]:
-    """The channel's object order: as listed, or shuffled as a pure function of
-    (seed, epoch, object list), identical on every host and every rerun."""
+@dataclass(frozen=True)
+class ManifestLine:
+    """One line of an augmented manifest: its records, one per attribute in
+    ``AttributeNames`` order. A ``-ref`` attribute's record is the referenced object
+    (an :class:`S3Uri` to fetch); any other is the value itself (a string as its UTF-8,
+    any other JSON value as compact JSON text)."""
+
+    manifest: str
+    line_no: int  # 1-based, as editors count
+    records: tuple[tuple[str, S3Uri | bytes], ...]
+
+    @property
+    def key(self) -> str:
+        return f"{self.manifest}#{self.line_no:012d}"
+
+
+def _attribute_record(attribute: str, value: Any, where: str) -> tuple[str, S3Uri | bytes]:
+    if attribute.endswith("-ref"):
+        if not isinstance(value, str):
+            raise ValidationError(f"{where}: attribute {attribute!r} must be an S3 URI string")
+        return attribute, S3Uri.parse(value, field=f"{where} attribute {attribute!r}")
+    if isinstance(value, str):
+        return attribute, value.encode("utf-8")
+    return attribute, json.dumps(value, separators=(",", ":")).encode("utf-8")
+
+
+def resolve_augmented_manifest(store: ObjectStore, channel: ChannelSpec) -> list[ManifestLine]:
+    """Every line of an AugmentedManifestFile channel, parsed and checked before training:
+    a line that is not a JSON object or lacks one of ``AttributeNames`` is an error naming
+    the manifest and the line. Blank lines are skipped."""
+    where = f"channel {channel.name!r}"
+    uri = S3Uri.parse(channel.s3_uri, field=f"{where} S3Uri")
+    raw = store.get_bytes(uri.bucket, uri.key)
+    lines = []
+    for line_no, text in enumerate(raw.split(b"\n"), start=1):
+        if not text.strip():
+            continue
+        at = f"{where}: augmented manifest {uri} line {line_no}"
+        try:
+            doc = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValidationError(f"{at} is not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ValidationError(f"{at} is not a JSON object")
+        missing = [a for a in channel.attribute_names if a not in doc]
+        if missing:
+            raise ValidationError(
+                f"{at} lacks attribute(s) {', '.join(map(repr, missing))} named in "
+                "AttributeNames; add them to the line or remove the line"
+            )
+        records = tuple(_attribute_record(a, doc[a], at) for a in channel.attribute_names)
+        lines.append(ManifestLine(str(uri), line_no, records))
+    if not lines:
+        raise ValidationError(f"{where}: augmented manifest {uri} has no lines")
+    return lines
+
+
+class _Keyed(Protocol):
+    @property
+    def key(self) -> str: ...
+
+
+_T = TypeVar("_T", bound=_Keyed)
+
+
+def object_order(objects: Sequence[_T], seed: int | None, epoch: int) -> list[_T]:
+    """The channel's object (or augmented-manifest line) order: as listed, or shuffled as a
+    pure function of (seed, epoch, object list), identical on every host and every rerun."""
     ordered = sorted(objects, key=lambda o: o.key) if seed is not None else list(objects)
     if seed is not None:
         random.Random(f"{seed}:{epoch}").shuffle(ordered)
     return ordered
 
 
-def shard(
-    objects: Sequence[ChannelObject], distribution: str, host_index: int, host_count: int
-) -> list[ChannelObject]:
+def shard(objects: Sequence[_T], distribution: str, host_index: int, host_count: int) -> list[_T]:
     """The objects host ``host_index`` of ``host_count`` gets: all of them when fully
     replicated; with ShardedByS3Key every ``host_count``-th, so shards are disjoint,
     cover the channel and differ in size by at most one object."""
