@@ -97,6 +97,8 @@ def build_request(
     """A CreateTrainingJob request from a job file and/or the convenience flags."""
     from trainport.store.api import S3Uri
 
+    hp_pairs, channel_pairs = _pairs(hps, "--hp"), _pairs(channels, "--channel")
+    metric_pairs, env_pairs = _pairs(metrics, "--metric"), _pairs(env, "--env")
     request: dict[str, Any] = _load_file(job_file) if job_file else {}
     stem = job_file.stem if job_file else Path(entry_point or "job").stem
     request["TrainingJobName"] = name or request.get("TrainingJobName") or _default_name(stem)
@@ -125,7 +127,7 @@ def build_request(
         if (hps or entry_point)
         else request.get("HyperParameters")
     )
-    for key, value in _pairs(hps, "--hp"):
+    for key, value in hp_pairs:
         hyper[key] = value  # --hp converts: every value is a string, as the API wants
     if entry_point:
         from trainport.host.script_mode import pack_entry_point, pack_sourcedir
@@ -142,9 +144,9 @@ def build_request(
         hyper["sagemaker_submit_directory"] = json.dumps(str(target))
         if isinstance(algo, dict):
             algo.setdefault("TrainingImage", SCRIPT_IMAGE)
-    if channels:
+    if channel_pairs:
         configs = request.setdefault("InputDataConfig", [])
-        for channel, where in _pairs(channels, "--channel"):
+        for channel, where in channel_pairs:
             uri = where
             if not where.startswith("s3://"):
                 folder = Path(where)
@@ -167,11 +169,11 @@ def build_request(
                     },
                 }
             )
-    if metrics and isinstance(algo, dict):
+    if metric_pairs and isinstance(algo, dict):
         defs = algo.setdefault("MetricDefinitions", [])
-        defs += [{"Name": k, "Regex": v} for k, v in _pairs(metrics, "--metric")]
-    if env:
-        request.setdefault("Environment", {}).update(dict(_pairs(env, "--env")))
+        defs += [{"Name": k, "Regex": v} for k, v in metric_pairs]
+    if env_pairs:
+        request.setdefault("Environment", {}).update(dict(env_pairs))
     if checkpoint:
         request["CheckpointConfig"] = {"S3Uri": checkpoint}
     if max_run is not None:

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Set up trainport on a fresh machine: system packages (as root, via apt-get), a virtual
+# environment in .venv, and trainport with its extras. Idempotent: re-running is cheap.
+#   scripts/setup.sh          runtime + PyTorch (for the demo)
+#   scripts/setup.sh --test   also the test and check tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras="torch"
+[ "${1:-}" = "--test" ] && extras="torch,test"
+
+# System packages: bubblewrap for the sandbox runner (as root trainport can also use plain
+# mount namespaces), FUSE for FastFile mode, Chromium for the dashboard tests.
+apt_packages="bubblewrap"
+[ "${1:-}" = "--test" ] && apt_packages="$apt_packages ${TRAINPORT_TEST_APT:-}"
+missing=""
+for p in $apt_packages; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing system packages:$missing" >&2
+    apt-get install -y -q $missing >/dev/null 2>&1 || {
+      apt-get update -q >/dev/null && apt-get install -y -q $missing >/dev/null
+    }
+  else
+    echo "note: system packages missing ($missing); the sandbox runner may be unavailable" >&2
+  fi
+fi
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+stamp=".venv/.trainport-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$extras"
+if [ ! -e "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch is pinned (torch==2.13.0, a CPU wheel): unpinned it would pull GBs of CUDA.
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  rm -f .venv/.trainport-*
+  touch "$stamp"
+fi
