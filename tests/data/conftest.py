@@ -14,8 +14,14 @@ from tests.data.support import FifoProducer
 def fifo_producers() -> Iterator[Callable[..., FifoProducer]]:
     started: list[FifoProducer] = []
 
-    def start(directory: Path, name: str, payload: Callable[[int], bytes], epochs: int) -> FifoProducer:
-        producer = FifoProducer(directory, name, payload, epochs)
+    def start(
+        directory: Path,
+        name: str,
+        payload: Callable[[int], bytes],
+        epochs: int,
+        start_delay: float = 0.0,
+    ) -> FifoProducer:
+        producer = FifoProducer(directory, name, payload, epochs, start_delay)
         producer.start()
         started.append(producer)
         return producer

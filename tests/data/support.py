@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,12 +23,25 @@ def write_records(path: Path, records: list[bytes], fmt: str = "tfrecord") -> Pa
     return path
 
 
+def wait_exists(path: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.01)
+
+
 class FifoProducer(threading.Thread):
     """Plays the host agent: FIFO ``<dir>/<name>_<epoch>`` per epoch, each made only once the
     previous one was consumed or closed, each carrying ``payload(epoch)``."""
 
     def __init__(
-        self, directory: Path, name: str, payload: Callable[[int], bytes], epochs: int
+        self,
+        directory: Path,
+        name: str,
+        payload: Callable[[int], bytes],
+        epochs: int,
+        start_delay: float = 0.0,
     ) -> None:
         super().__init__(daemon=True)
         self.directory = directory
@@ -36,12 +50,15 @@ class FifoProducer(threading.Thread):
         self.epochs = epochs
         self.broken: list[int] = []  # epochs whose reader closed early
         self.done: list[int] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._current: Path | None = None
+        self.start_delay = start_delay
 
     def run(self) -> None:
+        if self.start_delay:
+            time.sleep(self.start_delay)
         for epoch in range(self.epochs):
-            if self._stop.is_set():
+            if self._halt.is_set():
                 return
             path = self.directory / f"{self.name}_{epoch}"
             os.mkfifo(path)
@@ -61,7 +78,7 @@ class FifoProducer(threading.Thread):
 
     def stop(self) -> None:
         """Release a writer blocked in open() so the thread can end."""
-        self._stop.set()
+        self._halt.set()
         path = self._current
         if path is not None and path.exists():
             with contextlib.suppress(OSError):

@@ -146,6 +146,11 @@ class PipeChannel:
         self.poll_initial = poll_initial
         self.poll_max = poll_max
         self._pipes = pipes
+        if pipes is None and not os.environ.get(PIPE_WORKERS_ENV):
+            # Epoch 0's FIFOs exist before training code starts, so looking now (in the
+            # process that builds the dataset) settles the layout before DataLoader workers
+            # fork, and they need not race each other for it.
+            self._pipes = self._probe_series()
 
     def describe(self) -> str:
         return f"Pipe channel {self.channel!r} in {self.directory}"
@@ -167,20 +172,28 @@ class PipeChannel:
                 self._pipes = self._detect(epoch)
         return self._pipes
 
-    def _detect(self, epoch: int) -> int:
-        pattern = re.compile(rf"{re.escape(self.channel)}_w(\d+)_{epoch}")
+    def _probe_series(self) -> int | None:
+        """0 if a shared FIFO of any epoch exists, P if per-worker ones do, else None.
 
-        def probe() -> int | None:
-            if self.fifo_path(epoch).exists():
+        Any epoch counts, not only the one about to be read: another reader of the shared
+        series may already have consumed (and the producer removed) the epoch's FIFO.
+        """
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return None
+        shared = re.compile(rf"{re.escape(self.channel)}_\d+")
+        per_worker = re.compile(rf"{re.escape(self.channel)}_w(\d+)_\d+")
+        series = set()
+        for name in names:
+            if shared.fullmatch(name):
                 return 0
-            try:
-                names = os.listdir(self.directory)
-            except FileNotFoundError:
-                return None
-            series = {int(m.group(1)) for n in names if (m := pattern.fullmatch(n))}
-            return len(series) if series else None
+            if m := per_worker.fullmatch(name):
+                series.add(int(m.group(1)))
+        return max(series) + 1 if series else None
 
-        found = self._wait(probe, f"{self.fifo_path(epoch)} (or its per-worker FIFOs)")
+    def _detect(self, epoch: int) -> int:
+        found = self._wait(self._probe_series, f"{self.fifo_path(epoch)} (or per-worker FIFOs)")
         if found:
             logger.info("%s has %d per-worker FIFO series", self.describe(), found)
         return found

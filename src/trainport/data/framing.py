@@ -23,6 +23,8 @@ __all__ = ["ByteStream", "CorruptionPolicy", "Readable"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 1 << 20
+# One read asks for at most this much, so "read to the end" does not allocate 2**62 bytes.
+_MAX_READ = 1 << 26
 
 
 class Readable(Protocol):
@@ -71,7 +73,7 @@ class ByteStream:
         # time so one read serves many records. FIFOs and sockets return short reads, so loop.
         while have < n:
             t0 = time.perf_counter()
-            data = self._raw.read(max(self._chunk, n - have))
+            data = self._raw.read(max(self._chunk, min(n - have, _MAX_READ)))
             self.waited += time.perf_counter() - t0
             if not data:
                 self._eof = True
