@@ -444,15 +444,28 @@ def demo(epochs: int, runner: str | None) -> None:
     sys.exit(run_demo(epochs=epochs, runner=runner))
 
 
-def _register_optional() -> None:
-    try:
+class _LazySelect(click.Command):
+    """``trainport select``, imported only when used: model selection pulls in torch and
+    its backends, which every other command would otherwise pay for at start-up."""
+
+    def _real(self) -> click.Command:
         from trainport.select.cli import select_command
-    except ImportError:
-        return
-    cli.add_command(select_command, "select")
+
+        return select_command
+
+    def get_help(self, ctx: click.Context) -> str:
+        return self._real().get_help(ctx)
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> click.Context:
+        return self._real().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        return self._real().invoke(ctx)
 
 
-_register_optional()
+cli.add_command(_LazySelect("select", help="Model selection with model hopper parallelism."))
 
 
 def main() -> None:

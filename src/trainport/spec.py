@@ -12,14 +12,10 @@ key starts with ``trainport:`` (see :data:`EXTENSION_TAGS`).
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-
-import botocore.session
-from botocore.model import ListShape, MapShape, Shape, StructureShape
-from botocore.validate import ParamValidator
 
 from trainport.errors import ValidationError
 from trainport.store.api import S3Uri
@@ -34,18 +30,9 @@ NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 EXTENSION_TAGS = {
     "trainport:runner": "runner for this job: sandbox, process or auto",
     "trainport:stop-grace-seconds": "seconds between SIGTERM and SIGKILL on stop (default 120)",
+    "trainport:pipe-workers": "P: each Pipe channel becomes P per-worker FIFO series "
+    "<channel>_w<k>_<epoch> holding disjoint shards (docs/pipe-mode.md)",
 }
-
-
-@functools.cache
-def _service_model() -> Any:
-    return botocore.session.get_session().get_service_model("sagemaker")
-
-
-def create_request_shape() -> StructureShape:
-    shape = _service_model().operation_model("CreateTrainingJob").input_shape
-    assert isinstance(shape, StructureShape)
-    return shape
 
 
 @dataclass(frozen=True)
@@ -103,54 +90,16 @@ class JobSpec:
         return float(raw) if raw is not None else None
 
 
-def _walk_constraints(value: Any, shape: Shape, path: str, problems: list[str]) -> None:
-    """Check what botocore's client-side validator leaves to the server."""
-    meta = shape.metadata
-    if isinstance(shape, StructureShape) and isinstance(value, dict):
-        for name, sub in value.items():
-            if name in shape.members:
-                _walk_constraints(
-                    sub, shape.members[name], f"{path}.{name}" if path else name, problems
-                )
-    elif isinstance(shape, ListShape) and isinstance(value, list):
-        if "max" in meta and len(value) > meta["max"]:
-            problems.append(f"{path} has {len(value)} entries; at most {meta['max']} are allowed")
-        for i, item in enumerate(value):
-            _walk_constraints(item, shape.member, f"{path}[{i}]", problems)
-    elif isinstance(shape, MapShape) and isinstance(value, dict):
-        if "max" in meta and len(value) > meta["max"]:
-            problems.append(f"{path} has {len(value)} entries; at most {meta['max']} are allowed")
-        for key, item in value.items():
-            _walk_constraints(key, shape.key, f"{path} key {key!r}", problems)
-            _walk_constraints(item, shape.value, f"{path}.{key}", problems)
-    elif shape.type_name == "string" and isinstance(value, str):
-        if shape.enum and value not in shape.enum:
-            problems.append(f"{path}: {value!r} is not one of {', '.join(shape.enum)}")
-        if "max" in meta and len(value) > meta["max"]:
-            problems.append(f"{path} is {len(value)} characters long; at most {meta['max']}")
-        pattern = meta.get("pattern")
-        if pattern and not shape.enum:
-            try:
-                ok = re.fullmatch(pattern, value, re.DOTALL) is not None
-            except re.error:
-                ok = True  # a pattern Python's re cannot read is not ours to enforce
-            if not ok:
-                problems.append(f"{path}: {value!r} does not match the pattern {pattern}")
-    elif (
-        shape.type_name in ("integer", "long")
-        and isinstance(value, int)
-        and "max" in meta
-        and value > meta["max"]
-    ):
-        problems.append(f"{path}: {value} is above the maximum {meta['max']}")
-
-
 def _validate_shape(request: dict[str, Any]) -> None:
-    shape = create_request_shape()
-    report = ParamValidator().validate(request, shape)
-    problems = [line for line in report.generate_report().splitlines() if line.strip()]
-    if not problems:
-        _walk_constraints(request, shape, "", problems)
+    from trainport.config import load_settings
+    from trainport.servicemodel import request_shapes, validate
+
+    try:
+        cache: Path | None = load_settings().home / "cache"
+    except ValidationError:
+        cache = None
+    root, shapes = request_shapes("CreateTrainingJob", cache)
+    problems = validate(request, root, shapes)
     if problems:
         raise ValidationError("invalid CreateTrainingJob request:\n  " + "\n  ".join(problems))
 
@@ -180,10 +129,15 @@ def _channel(raw: dict[str, Any], job_mode: str, index: int) -> ChannelSpec:
         )
     if data_type == "AugmentedManifestFile" and not attributes:
         raise ValidationError(f"{where}: an AugmentedManifestFile channel needs AttributeNames")
-    if mode != "File" or data_type == "AugmentedManifestFile":
+    if data_type == "AugmentedManifestFile" and mode != "Pipe":
         raise ValidationError(
-            f"{where}: input mode {mode} with S3DataType {data_type} is not available in this "
-            "version of trainport; use TrainingInputMode File with S3Prefix or ManifestFile"
+            f"{where}: an AugmentedManifestFile channel needs InputMode Pipe (this channel is "
+            f"{mode})"
+        )
+    if mode == "FastFile" and data_type != "S3Prefix":
+        raise ValidationError(
+            f"{where}: FastFile mode serves S3Prefix channels only (this one is {data_type}); "
+            "use File or Pipe mode"
         )
     shuffle = raw.get("ShuffleConfig")
     return ChannelSpec(
@@ -198,6 +152,27 @@ def _channel(raw: dict[str, Any], job_mode: str, index: int) -> ChannelSpec:
         attribute_names=attributes,
         shuffle_seed=int(shuffle["Seed"]) if shuffle else None,
     )
+
+
+def tags_of(request: dict[str, Any]) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in request.get("Tags") or []}
+
+
+def _check_fifo_names(channels: tuple[ChannelSpec, ...], per_worker: bool) -> None:
+    """A Pipe channel's FIFOs (``<name>_<epoch>``, ``<name>_w<k>_<epoch>``) must not take
+    the name another channel's files or FIFOs live under."""
+    fifo = re.compile(r"_(w\d+_)?\d+" if per_worker else r"_\d+")
+    names = [c.name for c in channels]
+    for ch in channels:
+        if ch.input_mode != "Pipe":
+            continue
+        for other in names:
+            rest = other[len(ch.name) :]
+            if other != ch.name and other.startswith(ch.name) and fifo.fullmatch(rest):
+                raise ValidationError(
+                    f"InputDataConfig: channel {other!r} has the name of a FIFO of Pipe "
+                    f"channel {ch.name!r}; rename one of them"
+                )
 
 
 def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
@@ -233,6 +208,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         if ch.name in seen:
             raise ValidationError(f"InputDataConfig: channel name {ch.name!r} appears twice")
         seen.add(ch.name)
+    _check_fifo_names(channels, "trainport:pipe-workers" in tags_of(request))
     output = request["OutputDataConfig"]["S3OutputPath"]
     S3Uri.parse(output, field="OutputDataConfig.S3OutputPath")
     resources = request.get("ResourceConfig") or {}
@@ -264,6 +240,11 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             )
         if key == "trainport:runner" and value not in ("auto", "sandbox", "process"):
             raise ValidationError(f"Tags: trainport:runner={value!r}; use auto, sandbox or process")
+        if key == "trainport:pipe-workers" and not (value.isdigit() and 1 <= int(value) <= 1024):
+            raise ValidationError(
+                f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "
+                "processes from 1 to 1024"
+            )
         if key == "trainport:stop-grace-seconds":
             try:
                 if float(value) < 0:

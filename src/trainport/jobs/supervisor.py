@@ -47,11 +47,15 @@ def supervise(name: str, settings: Settings) -> int:
         grace = settings.stop_grace_seconds
     wake = threading.Event()
 
+    terminate_signal = threading.Event()
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGTERM:
+            terminate_signal.set()  # a SIGTERM to the supervisor means: stop the job
         wake.set()
 
-    signal.signal(signal.SIGUSR1, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)  # a SIGTERM to the supervisor means: stop the job
+    signal.signal(signal.SIGUSR1, on_signal)  # the service wrote a stop request: look now
+    signal.signal(signal.SIGTERM, on_signal)
 
     def emit(event: Event) -> None:
         db.update(name, lambda r: advance(r, event, time.time()))
@@ -70,19 +74,24 @@ def supervise(name: str, settings: Settings) -> int:
         on_started=on_started,
     )
     outcome: list[Finished] = []
-    worker = threading.Thread(target=lambda: outcome.append(agent.run()), name="host-agent")
+    def run_agent() -> None:
+        try:
+            outcome.append(agent.run())
+        finally:
+            wake.set()  # end the policy loop at once, not at its next tick
+
+    worker = threading.Thread(target=run_agent, name="host-agent")
     worker.start()
     # Runtime counts from when the job leaves the queue and starts, as SageMaker bills it.
     deadline = time.time() + spec.max_runtime_seconds
     terminating = False
     while worker.is_alive():
         wake.wait(_POLL)
-        got_signal = wake.is_set()
         wake.clear()
-        if terminating:
+        if terminating or not worker.is_alive():
             continue
         current = db.get(name)
-        if got_signal and current.status == Status.IN_PROGRESS.value:
+        if terminate_signal.is_set() and current.status == Status.IN_PROGRESS.value:
             # SIGTERM straight to the supervisor (not via the service) is a stop too.
             current = db.update(
                 name,
