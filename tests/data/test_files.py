@@ -35,8 +35,14 @@ def channel(tmp_path: Path) -> tuple[Path, list[bytes]]:
 
 def slots(world: int, workers: int) -> list[ReaderSlot]:
     return [
-        ReaderSlot(rank=r, world_size=world, worker=w, num_workers=workers, local_rank=r,
-                   local_world_size=world)
+        ReaderSlot(
+            rank=r,
+            world_size=world,
+            worker=w,
+            num_workers=workers,
+            local_rank=r,
+            local_world_size=world,
+        )
         for r in range(world)
         for w in range(workers)
     ]
@@ -149,9 +155,7 @@ def test_corrupt_file_names_path_and_offset(tmp_path: Path) -> None:
 def test_object_format_and_transform(tmp_path: Path) -> None:
     for i in range(3):
         (tmp_path / f"img{i}.bin").write_bytes(b"pixels%d" % i)
-    ds = ChannelDataset.from_uri(
-        tmp_path, record_format="object", transform=len, slot=ReaderSlot()
-    )
+    ds = ChannelDataset.from_uri(tmp_path, record_format="object", transform=len, slot=ReaderSlot())
     assert list(ds) == [7, 7, 7]
 
 

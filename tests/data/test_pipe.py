@@ -103,9 +103,7 @@ def test_per_worker_pipes_two_ranks_read_disjoint_series(
         assert results[r] == [shard[r](0), shard[r](1)]
 
 
-def test_one_reader_consumes_every_series_when_alone(
-    tmp_path: Path, fifo_producers: Start
-) -> None:
+def test_one_reader_consumes_every_series_when_alone(tmp_path: Path, fifo_producers: Start) -> None:
     shard = {k: epoch_records(f"w{k}", 10) for k in range(3)}
     for k in range(3):
         fifo_producers(tmp_path, f"ch_w{k}", lambda e, k=k: tfrecords(shard[k](e)), 2)
@@ -128,9 +126,7 @@ def test_early_close_also_releases_series_not_yet_reached(
     assert list(ds) == shard[0](1) + shard[1](1)
 
 
-def test_dataloader_workers_each_read_their_own_pipe(
-    tmp_path: Path, fifo_producers: Start
-) -> None:
+def test_dataloader_workers_each_read_their_own_pipe(tmp_path: Path, fifo_producers: Start) -> None:
     shard = {k: epoch_records(f"w{k}", 30) for k in range(2)}
     for k in range(2):
         fifo_producers(tmp_path, f"train_w{k}", lambda e, k=k: tfrecords(shard[k](e)), 1)
