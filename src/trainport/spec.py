@@ -85,6 +85,12 @@ class JobSpec:
         return self.tags.get("trainport:runner")
 
     @property
+    def pipe_workers(self) -> int | None:
+        """P per-worker FIFO series per Pipe channel, or None for one shared series."""
+        raw = self.tags.get("trainport:pipe-workers")
+        return int(raw) if raw is not None else None
+
+    @property
     def stop_grace_seconds(self) -> float | None:
         raw = self.tags.get("trainport:stop-grace-seconds")
         return float(raw) if raw is not None else None
