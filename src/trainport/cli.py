@@ -31,6 +31,16 @@ SCRIPT_IMAGE = "trainport/python"
 
 
 def _service() -> Any:
+    """The jobs service: a running server's (``--endpoint``/TRAINPORT_ENDPOINT), else local."""
+    from trainport.config import load_settings
+
+    ctx = click.get_current_context(silent=True)
+    endpoint = ctx.find_root().params.get("endpoint") if ctx is not None else None
+    endpoint = endpoint or load_settings().endpoint
+    if endpoint:
+        from trainport.client import RemoteJobService
+
+        return RemoteJobService(endpoint)
     from trainport.jobs.service import JobService
 
     return JobService()
@@ -122,10 +132,8 @@ def build_request(
         algo.setdefault("TrainingInputMode", "File")
         if image:
             algo["TrainingImage"] = str(Path(image).resolve()) if Path(image).is_dir() else image
-    hyper = (
-        request.setdefault("HyperParameters", {})
-        if (hps or entry_point)
-        else request.get("HyperParameters")
+    hyper: dict[str, str] = (
+        request.setdefault("HyperParameters", {}) if (hps or entry_point) else {}
     )
     for key, value in hp_pairs:
         hyper[key] = value  # --hp converts: every value is a string, as the API wants
@@ -250,7 +258,7 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
         while True:
             now = time.monotonic()
             if now - last_check > 0.2:
-                record = service.db.get(name)
+                record = service.get(name)
                 for t in record.transitions[seen_transitions:]:
                     _echo_err(f"[trainport] {t.status}: {t.message}")
                 seen_transitions = len(record.transitions)
@@ -288,8 +296,13 @@ def _handle_errors(fn: F) -> F:
 
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Log what trainport does.")
+@click.option(
+    "--endpoint",
+    metavar="URL",
+    help="Send run/jobs commands to a running `trainport server` (or TRAINPORT_ENDPOINT).",
+)
 @click.version_option(package_name="trainport")
-def cli(verbose: bool) -> None:
+def cli(verbose: bool, endpoint: str | None) -> None:
     """Run SageMaker-style training jobs on this machine."""
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -467,6 +480,38 @@ class _LazySelect(click.Command):
 
 cli.add_command(_LazySelect("select", help="Model selection with model hopper parallelism."))
 
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, help="Port (0: any free port).")
+@click.option("--max-jobs", type=int, help="Concurrent jobs (TRAINPORT_MAX_CONCURRENT_JOBS).")
+@click.option("--no-auth", is_flag=True, help="Accept unsigned requests (NOT for shared hosts).")
+@_handle_errors
+def server(host: str, port: int, max_jobs: int | None, no_auth: bool) -> None:
+    """Serve the SageMaker training API (boto3: endpoint_url=...) and a dashboard."""
+    from trainport.server.app import ServerConfig, build_server
+
+    logging.getLogger("trainport").setLevel(logging.INFO)
+    config = ServerConfig(host=host, port=port, auth=not no_auth, max_concurrent_jobs=max_jobs)
+    srv = build_server(config)
+    if srv.created_key is not None:
+        _echo_err(
+            "Created an access key for this server (shown once; kept in "
+            f"{srv.service.settings.server_keys_path}):\n"
+            f"  AWS_ACCESS_KEY_ID={srv.created_key.key_id}\n"
+            f"  AWS_SECRET_ACCESS_KEY={srv.created_key.secret}"
+        )
+    _echo_err(f"trainport server on {srv.url} (boto3: endpoint_url='{srv.url}')")
+    _echo_err(f"dashboard: {srv.dashboard_url()}")
+    srv.scheduler.start()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        srv.serve_forever()
+    except (KeyboardInterrupt, SystemExit):
+        _echo_err("trainport server: shutting down (running jobs keep running)")
+    finally:
+        srv.server_close()
+        srv.scheduler.close()
 
 def main() -> None:
     cli(prog_name="trainport")

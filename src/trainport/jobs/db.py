@@ -8,6 +8,7 @@ go on while a writer writes.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import sqlite3
@@ -131,9 +132,9 @@ class JobDB:
                 )
             return new
 
-    def list(self, query: ListQuery) -> list[JobRecord]:
-        where: list[str] = []
-        args: list[object] = []
+    def list(self, query: ListQuery) -> builtins.list[JobRecord]:
+        where: builtins.list[str] = []
+        args: builtins.list[object] = []
         if query.name_contains:
             where.append("instr(lower(name), lower(?)) > 0")
             args.append(query.name_contains)
@@ -160,7 +161,7 @@ class JobDB:
             rows = conn.execute(sql, args).fetchall()
         return [JobRecord.from_json(json.loads(r[0])) for r in rows]
 
-    def names_in_status(self, statuses: Sequence[str]) -> list[str]:
+    def names_in_status(self, statuses: Sequence[str]) -> builtins.list[str]:
         marks = ",".join("?" * len(statuses))
         with self._connect() as conn:
             rows = conn.execute(f"SELECT name FROM jobs WHERE status IN ({marks})", tuple(statuses))
@@ -175,12 +176,12 @@ class JobDB:
                 [(job, p.name, p.timestamp, p.value) for p in points],
             )
 
-    def metric_series(self, job: str) -> dict[str, list[tuple[float, float]]]:
+    def metric_series(self, job: str) -> dict[str, builtins.list[tuple[float, float]]]:
         with self._connect() as conn:
             rows = conn.execute(
                 "SELECT name, ts, value FROM metrics WHERE job = ? ORDER BY ts, rowid", (job,)
             ).fetchall()
-        series: dict[str, list[tuple[float, float]]] = {}
+        series: dict[str, builtins.list[tuple[float, float]]] = {}
         for name, ts, value in rows:
             series.setdefault(name, []).append((ts, value))
         return series

@@ -8,6 +8,7 @@ reason that says so (see README, "Durability"), never left InProgress.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import logging
@@ -184,12 +185,12 @@ class JobService:
     def describe(self, name: str) -> dict[str, Any]:
         return self.get(name).to_describe()
 
-    def list(self, query: ListQuery | None = None) -> list[JobRecord]:
+    def list(self, query: ListQuery | None = None) -> builtins.list[JobRecord]:
         if self.reconcile_on_read:
             self.reconcile()
         return self.db.list(query or ListQuery())
 
-    def metric_series(self, name: str) -> dict[str, list[tuple[float, float]]]:
+    def metric_series(self, name: str) -> dict[str, builtins.list[tuple[float, float]]]:
         self.db.get(name)
         return self.db.metric_series(name)
 
@@ -211,9 +212,9 @@ class JobService:
 
     # -- durability -----------------------------------------------------------------------
 
-    def reconcile(self) -> list[str]:
+    def reconcile(self) -> builtins.list[str]:
         """End every unfinished job whose supervisor is gone; returns their names."""
-        ended = []
+        ended: builtins.list[str] = []
         for name in self.db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]):
             record = self.db.get(name)
             if record.secondary_status == PENDING:

@@ -74,6 +74,7 @@ def supervise(name: str, settings: Settings) -> int:
         on_started=on_started,
     )
     outcome: list[Finished] = []
+
     def run_agent() -> None:
         try:
             outcome.append(agent.run())
@@ -101,9 +102,8 @@ def supervise(name: str, settings: Settings) -> int:
             )
         if current.status != Status.STOPPING.value and time.time() >= deadline:
             message = f"MaxRuntimeInSeconds ({spec.max_runtime_seconds} s) exceeded; stopping"
-            current = db.update(
-                name, lambda r, m=message: advance(r, StopRequested("max_runtime", m), time.time())
-            )
+            expired = StopRequested("max_runtime", message)
+            current = db.update(name, lambda r: advance(r, expired, time.time()))
         if current.status == Status.STOPPING.value:
             log.info("stopping job %s (grace %.0f s)", name, grace)
             agent.terminate(grace)

@@ -84,7 +84,7 @@ class Runner(ABC):
         self, argv: list[str], placement: Placement, cwd: str | None = None, **kw: object
     ) -> subprocess.Popen[bytes]:
         try:
-            return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
+            return subprocess.Popen(  # type: ignore[call-overload]
                 argv,
                 env=placement.env,
                 cwd=cwd or placement.cwd,

@@ -1,0 +1,117 @@
+"""The scheduler: a limit of concurrent jobs, and a queue that starts in submission order.
+
+Jobs submitted through it are created Pending (``JobService.create(start=False)``); on each
+tick it reconciles (ending jobs whose supervisor died), counts the jobs that hold a slot,
+and starts the oldest Pending jobs into the free slots. "Decide, then do": :func:`plan`
+is the pure decision, :class:`Scheduler` applies it.
+
+Everything it knows lives in the job database, so it holds no state of its own: a server
+killed with SIGKILL and started again picks the queue up where it was (running jobs keep
+their own supervisor processes and are re-adopted by reconciling).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from trainport.errors import TrainportError
+from trainport.jobs.service import PENDING, JobService
+from trainport.jobs.status import Status
+
+__all__ = ["Queued", "Scheduler", "plan"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Queued:
+    name: str
+    creation_time: float
+
+
+def plan(queued: Sequence[Queued], running: int, limit: int) -> list[str]:
+    """The jobs to start now: the oldest queued ones, as many as there are free slots."""
+    free = max(0, limit - running)
+    order = sorted(queued, key=lambda q: (q.creation_time, q.name))
+    return [q.name for q in order[:free]]
+
+
+class Scheduler:
+    """Starts Pending jobs of ``service`` as capacity frees; one background thread."""
+
+    def __init__(self, service: JobService, limit: int, *, interval: float = 0.5) -> None:
+        if limit < 1:
+            raise TrainportError(f"the concurrent job limit must be at least 1, not {limit}")
+        self.service = service
+        self.limit = limit
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, request: dict[str, Any], *, runner: str | None = None) -> str:
+        """Queue a CreateTrainingJob request; returns its ARN. It starts at once if a slot
+        is free."""
+        arn = self.service.create(request, runner=runner, start=False)
+        self.tick()
+        return arn
+
+    def notify(self) -> None:
+        """Something changed (a stop, say): look again soon."""
+        self._wake.set()
+
+    def tick(self) -> list[str]:
+        """Reconcile, then start what fits; returns the names started."""
+        with self._lock:
+            self.service.reconcile()
+            db = self.service.db
+            # cast: JobDB's method named `list` confuses mypy about its `list[str]` returns
+            active = cast(
+                Sequence[str],
+                db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]),
+            )
+            queued: list[Queued] = []
+            running = 0
+            for name in active:
+                record = db.get(name)
+                if record.status == Status.IN_PROGRESS.value and (
+                    record.secondary_status == PENDING
+                ):
+                    queued.append(Queued(name, record.creation_time))
+                else:
+                    running += 1
+            started = []
+            for name in plan(queued, running, self.limit):
+                try:
+                    if self.service.start(name):
+                        log.info("job %s: started from the queue", name)
+                        started.append(name)
+                except TrainportError as exc:
+                    log.error("job %s: could not start: %s", name, exc)
+            return started
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.tick()
+            except Exception:  # the loop must outlive any one bad tick
+                log.exception("scheduler tick failed")
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
