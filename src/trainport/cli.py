@@ -513,6 +513,7 @@ def server(host: str, port: int, max_jobs: int | None, no_auth: bool) -> None:
         srv.server_close()
         srv.scheduler.close()
 
+
 def main() -> None:
     cli(prog_name="trainport")
 

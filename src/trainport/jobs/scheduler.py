@@ -57,9 +57,31 @@ class Scheduler:
     def submit(self, request: dict[str, Any], *, runner: str | None = None) -> str:
         """Queue a CreateTrainingJob request; returns its ARN. It starts at once if a slot
         is free."""
-        arn = self.service.create(request, runner=runner, start=False)
+        with self._lock:
+            queued, running = self._census()
+            if not queued and running < self.limit:
+                return self.service.create(request, runner=runner)  # a slot is free: no wait
+            arn = self.service.create(request, runner=runner, start=False)
         self.tick()
         return arn
+
+    def _census(self) -> tuple[list[Queued], int]:
+        """The queued jobs, and how many jobs hold a slot."""
+        db = self.service.db
+        # cast: JobDB's method named `list` confuses mypy about its `list[str]` returns
+        active = cast(
+            Sequence[str],
+            db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]),
+        )
+        queued: list[Queued] = []
+        running = 0
+        for name in active:
+            record = db.get(name)
+            if record.status == Status.IN_PROGRESS.value and record.secondary_status == PENDING:
+                queued.append(Queued(name, record.creation_time))
+            else:
+                running += 1
+        return queued, running
 
     def notify(self) -> None:
         """Something changed (a stop, say): look again soon."""
@@ -69,22 +91,7 @@ class Scheduler:
         """Reconcile, then start what fits; returns the names started."""
         with self._lock:
             self.service.reconcile()
-            db = self.service.db
-            # cast: JobDB's method named `list` confuses mypy about its `list[str]` returns
-            active = cast(
-                Sequence[str],
-                db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]),
-            )
-            queued: list[Queued] = []
-            running = 0
-            for name in active:
-                record = db.get(name)
-                if record.status == Status.IN_PROGRESS.value and (
-                    record.secondary_status == PENDING
-                ):
-                    queued.append(Queued(name, record.creation_time))
-                else:
-                    running += 1
+            queued, running = self._census()
             started = []
             for name in plan(queued, running, self.limit):
                 try:

@@ -1,0 +1,213 @@
+"""A client of a running ``trainport server``, with the methods of the local JobService.
+
+The CLI uses it when given ``--endpoint`` (or ``TRAINPORT_ENDPOINT``): the same commands,
+but jobs go through the server (and its scheduler). It talks the SageMaker and CloudWatch
+Logs APIs with boto3, so it is also a worked example of pointing boto3 at trainport.
+
+Credentials come from the usual AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+profiles); when none are configured and the server's key file is under this machine's
+``TRAINPORT_HOME``, its first key is used. Objects the CLI uploads (script-mode sources,
+local channel folders) go to the store this process is configured with, which must be the
+server's too (the same ``TRAINPORT_HOME``, or the same S3-compatible endpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from trainport.config import Settings, load_settings
+from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, ValidationError
+from trainport.jobs.db import ListQuery
+from trainport.jobs.records import JobRecord, MetricPoint, Transition
+from trainport.jobs.status import Status
+from trainport.store.api import ObjectStore, open_store
+
+__all__ = ["RemoteJobService"]
+
+LogLine = tuple[float, str]
+_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+
+
+def _epoch(value: Any) -> float | None:
+    if value is None:
+        return None
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    return float(value)
+
+
+def record_from_describe(doc: dict[str, Any]) -> JobRecord:
+    """A JobRecord view of a DescribeTrainingJob response (what the CLI prints from)."""
+    request_keys = (
+        "HyperParameters",
+        "AlgorithmSpecification",
+        "RoleArn",
+        "InputDataConfig",
+        "OutputDataConfig",
+        "ResourceConfig",
+        "StoppingCondition",
+        "CheckpointConfig",
+        "Environment",
+    )
+    return JobRecord(
+        name=doc["TrainingJobName"],
+        arn=doc["TrainingJobArn"],
+        request={k: doc[k] for k in request_keys if k in doc},
+        creation_time=_epoch(doc.get("CreationTime")) or 0.0,
+        status=doc["TrainingJobStatus"],
+        secondary_status=doc.get("SecondaryStatus", ""),
+        last_modified_time=_epoch(doc.get("LastModifiedTime")) or 0.0,
+        transitions=tuple(
+            Transition(
+                t["Status"],
+                _epoch(t.get("StartTime")) or 0.0,
+                _epoch(t.get("EndTime")),
+                t.get("StatusMessage", ""),
+            )
+            for t in doc.get("SecondaryStatusTransitions", ())
+        ),
+        failure_reason=doc.get("FailureReason"),
+        training_start_time=_epoch(doc.get("TrainingStartTime")),
+        training_end_time=_epoch(doc.get("TrainingEndTime")),
+        model_artifacts=(doc.get("ModelArtifacts") or {}).get("S3ModelArtifacts") or None,
+        final_metrics=tuple(
+            MetricPoint(m["MetricName"], float(m["Value"]), _epoch(m.get("Timestamp")) or 0.0)
+            for m in doc.get("FinalMetricDataList", ())
+        ),
+    )
+
+
+def _translate(exc: Exception) -> TrainportError:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        message = exc.response.get("Error", {}).get("Message", str(exc))
+        if code == "ResourceInUse":
+            return ResourceInUseError(message)
+        if "not found" in message.lower():
+            return NotFoundError(message)
+        return ValidationError(f"{code}: {message}")
+    return TrainportError(f"cannot talk to the trainport server: {exc}")
+
+
+class RemoteJobService:
+    """The subset of JobService the CLI uses, over HTTP."""
+
+    def __init__(self, endpoint: str, settings: Settings | None = None) -> None:
+        import boto3
+
+        self.endpoint = endpoint
+        self.settings = settings or load_settings()
+        session = boto3.session.Session()
+        kwargs: dict[str, Any] = {"endpoint_url": endpoint, "region_name": self.settings.region}
+        if session.get_credentials() is None:
+            kwargs.update(self._local_keys())
+        self._sm = session.client("sagemaker", **kwargs)
+        self._logs = session.client("logs", **kwargs)
+        self._store: ObjectStore | None = None
+
+    def _local_keys(self) -> dict[str, str]:
+        path = self.settings.server_keys_path
+        if self.settings.server_keys:
+            key_id, secret = self.settings.server_keys[0]
+        elif path.exists():
+            first = json.loads(path.read_text())["AccessKeys"][0]
+            key_id, secret = first["AccessKeyId"], first["SecretAccessKey"]
+        else:
+            raise ValidationError(
+                f"no AWS credentials for the server at {self.endpoint}: set "
+                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY to the key `trainport server` "
+                f"printed, or run on the server's machine ({path} is missing)"
+            )
+        return {"aws_access_key_id": key_id, "aws_secret_access_key": secret}
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = open_store(self.settings)
+        return self._store
+
+    def _call(self, client: Any, operation: str, **params: Any) -> dict[str, Any]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            result: dict[str, Any] = getattr(client, operation)(**params)
+        except (BotoCoreError, ClientError) as exc:
+            raise _translate(exc) from exc
+        return result
+
+    def create(self, request: dict[str, Any], *, runner: str | None = None) -> str:
+        if runner:
+            raise ValidationError("--runner cannot be chosen for a job sent to a server")
+        return str(self._call(self._sm, "create_training_job", **request)["TrainingJobArn"])
+
+    def describe(self, name: str) -> dict[str, Any]:
+        doc = self._call(self._sm, "describe_training_job", TrainingJobName=name)
+        doc.pop("ResponseMetadata", None)
+        return doc
+
+    def get(self, name: str) -> JobRecord:
+        return record_from_describe(self.describe(name))
+
+    def list(self, query: ListQuery | None = None) -> list[JobRecord]:
+        query = query or ListQuery()
+        params: dict[str, Any] = {"SortBy": query.sort_by, "SortOrder": query.sort_order}
+        if query.name_contains:
+            params["NameContains"] = query.name_contains
+        if query.status_equals:
+            params["StatusEquals"] = query.status_equals
+        out: list[JobRecord] = []
+        token: str | None = None
+        want = query.limit
+        while want is None or len(out) < want:
+            page = dict(params, MaxResults=100 if want is None else min(100, want - len(out)))
+            if token:
+                page["NextToken"] = token
+            resp = self._call(self._sm, "list_training_jobs", **page)
+            for summary in resp["TrainingJobSummaries"]:
+                out.append(self.get(summary["TrainingJobName"]))
+            token = resp.get("NextToken")
+            if not token:
+                break
+        return out
+
+    def stop(self, name: str) -> JobRecord:
+        self._call(self._sm, "stop_training_job", TrainingJobName=name)
+        return self.get(name)
+
+    def logs(self, name: str, *, follow: bool = False, poll: float = 0.5) -> Iterator[LogLine]:
+        """The job's log lines (host algo-1) through GetLogEvents' forward tokens."""
+        stream: str | None = None
+        token: str | None = None
+        while True:
+            ended = Status(self.get(name).status).terminal if follow else True
+            if stream is None:
+                streams = self._call(
+                    self._logs,
+                    "describe_log_streams",
+                    logGroupName=_LOG_GROUP,
+                    logStreamNamePrefix=name + "/",
+                )["logStreams"]
+                stream = streams[0]["logStreamName"] if streams else None
+            while stream is not None:
+                params: dict[str, Any] = {
+                    "logGroupName": _LOG_GROUP,
+                    "logStreamName": stream,
+                    "startFromHead": True,
+                }
+                if token:
+                    params["nextToken"] = token
+                resp = self._call(self._logs, "get_log_events", **params)
+                for event in resp["events"]:
+                    yield event["timestamp"] / 1000.0, event["message"]
+                same = resp["nextForwardToken"] == token
+                token = resp["nextForwardToken"]
+                if same or not resp["events"]:
+                    break
+            if ended:
+                return
+            time.sleep(poll)

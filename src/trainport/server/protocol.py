@@ -1,0 +1,135 @@
+"""The AWS JSON 1.1 protocol: one ``POST /`` door, dispatched by ``X-Amz-Target``.
+
+A request is checked in this order, so nothing is read or revealed before it must be:
+size (an oversize body is refused unread), signature (SigV4, unless the server runs with
+``--no-auth``), content type, target, JSON body. Every refusal is an AWS-style error body
+``{"__type": CODE, "message": ...}``: 403 for authentication, 413 for size, 400 for the
+rest; errors trainport raises on purpose map through their ``api_code``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainport.errors import TrainportError
+from trainport.server.sigv4 import AuthError, SigV4Verifier
+
+__all__ = [
+    "CONTENT_TYPE",
+    "ApiError",
+    "JsonProtocol",
+    "Operation",
+    "Response",
+    "error_response",
+]
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/x-amz-json-1.1"
+_ACCEPTED_TYPES = (CONTENT_TYPE, "application/x-amz-json-1.0")
+DEFAULT_MAX_BODY = 1024 * 1024
+
+Operation = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ApiError(TrainportError):
+    """A protocol-level refusal with its own code and HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.api_code = code
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = CONTENT_TYPE
+
+
+def error_response(code: str, message: str, status: int = 400) -> Response:
+    body = json.dumps({"__type": code, "message": message}).encode()
+    return Response(status, body)
+
+
+def _error_for(exc: TrainportError) -> Response:
+    status = getattr(exc, "status", 400)
+    return error_response(exc.api_code, str(exc), status)
+
+
+class JsonProtocol:
+    """Dispatches JSON 1.1 requests to operations (``"SageMaker.DescribeTrainingJob"`` ->
+    a function of the decoded body returning the response body)."""
+
+    def __init__(
+        self,
+        operations: Mapping[str, Operation],
+        verifier: SigV4Verifier | None,
+        *,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        self.operations = dict(operations)
+        self.verifier = verifier
+        self.max_body = max_body
+
+    def refuse_length(self, length: int | None) -> Response | None:
+        """An error for a body that must not be read at all, or None."""
+        if length is None:
+            return error_response(
+                "MissingContentLength", "the request needs a Content-Length header", 411
+            )
+        if length > self.max_body:
+            return error_response(
+                "RequestEntityTooLarge",
+                f"the request body of {length} bytes is over the limit of {self.max_body} bytes",
+                413,
+            )
+        return None
+
+    def handle(self, path: str, headers: Mapping[str, str], body: bytes) -> Response:
+        """``headers`` maps lower-case names to values."""
+        try:
+            if self.verifier is not None:
+                self.verifier.verify("POST", path, headers, body)
+            return self._dispatch(headers, body)
+        except AuthError as exc:
+            log.info("refused a request: %s: %s", exc.api_code, exc)
+            return _error_for(exc)
+        except TrainportError as exc:
+            return _error_for(exc)
+        except Exception:
+            log.exception("internal error while handling %s", headers.get("x-amz-target"))
+            return error_response(
+                "InternalFailure", "the server failed to handle the request; see its log", 500
+            )
+
+    def _dispatch(self, headers: Mapping[str, str], body: bytes) -> Response:
+        ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in _ACCEPTED_TYPES:
+            raise ApiError(
+                "SerializationException",
+                f"Content-Type must be {CONTENT_TYPE}, not {ctype or 'missing'!r}",
+            )
+        target = headers.get("x-amz-target", "")
+        operation = self.operations.get(target)
+        if operation is None:
+            raise ApiError(
+                "UnknownOperationException",
+                f"unknown operation {target or '(no X-Amz-Target header)'!r}; this server "
+                f"implements {', '.join(sorted(self.operations))}",
+            )
+        try:
+            params = json.loads(body or b"{}")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(
+                "SerializationException", f"the request body is not valid JSON: {exc}"
+            ) from exc
+        if not isinstance(params, dict):
+            raise ApiError("SerializationException", "the request body must be a JSON object")
+        result = operation(params)
+        return Response(200, json.dumps(result).encode())

@@ -1,0 +1,144 @@
+"""The SageMaker training-job operations, on top of the jobs service and its scheduler.
+
+Each operation takes the decoded JSON body and returns the response body with the field
+names of botocore's service model; timestamps are epoch seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from trainport.errors import ValidationError
+from trainport.jobs.db import ListQuery
+from trainport.jobs.records import JobRecord
+from trainport.jobs.scheduler import Scheduler
+from trainport.jobs.service import JobService
+from trainport.jobs.status import Status
+from trainport.server.protocol import Operation
+
+__all__ = ["SageMakerApi"]
+
+_STATUSES = tuple(s.value for s in Status)
+_SORT_BY = ("Name", "CreationTime", "Status")
+_SORT_ORDER = ("Ascending", "Descending")
+
+
+def _string(params: dict[str, Any], field: str, *, required: bool = False) -> str | None:
+    value = params.get(field)
+    if value is None:
+        if required:
+            raise ValidationError(f"{field}: a value is required")
+        return None
+    if not isinstance(value, str):
+        raise ValidationError(f"{field}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _job_name(params: dict[str, Any]) -> str:
+    name = _string(params, "TrainingJobName", required=True)
+    if not name:
+        raise ValidationError("TrainingJobName: a value is required")
+    return name
+
+
+def _choice(params: dict[str, Any], field: str, allowed: tuple[str, ...]) -> str | None:
+    value = _string(params, field)
+    if value is not None and value not in allowed:
+        raise ValidationError(f"{field}: {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _timestamp(params: dict[str, Any], field: str) -> float | None:
+    value = params.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(f"{field}: expected a timestamp in epoch seconds")
+    return float(value)
+
+
+def _encode_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+
+
+def _decode_token(token: str) -> int:
+    try:
+        offset = json.loads(base64.urlsafe_b64decode(token.encode()))["offset"]
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise ValidationError("NextToken: invalid pagination token") from exc
+    if not isinstance(offset, int) or offset < 0:
+        raise ValidationError("NextToken: invalid pagination token")
+    return offset
+
+
+def summary(record: JobRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "TrainingJobName": record.name,
+        "TrainingJobArn": record.arn,
+        "CreationTime": record.creation_time,
+        "LastModifiedTime": record.last_modified_time or record.creation_time,
+        "TrainingJobStatus": record.status,
+        "SecondaryStatus": record.secondary_status,
+    }
+    if record.training_end_time is not None:
+        out["TrainingEndTime"] = record.training_end_time
+    return out
+
+
+class SageMakerApi:
+    def __init__(self, service: JobService, scheduler: Scheduler) -> None:
+        self.service = service
+        self.scheduler = scheduler
+
+    def operations(self) -> dict[str, Operation]:
+        return {
+            "SageMaker.CreateTrainingJob": self.create_training_job,
+            "SageMaker.DescribeTrainingJob": self.describe_training_job,
+            "SageMaker.ListTrainingJobs": self.list_training_jobs,
+            "SageMaker.StopTrainingJob": self.stop_training_job,
+        }
+
+    def create_training_job(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"TrainingJobArn": self.scheduler.submit(params)}
+
+    def describe_training_job(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = _job_name(params)
+        return self.service.describe(name)
+
+    def stop_training_job(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = _job_name(params)
+        record = self.service.get(name)
+        if Status(record.status).terminal:
+            raise ValidationError(
+                f"Training job {name!r} cannot be stopped: it is already {record.status}"
+            )
+        self.service.stop(name)
+        self.scheduler.notify()
+        return {}
+
+    def list_training_jobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        limit = params.get("MaxResults", 10)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
+            raise ValidationError("MaxResults: expected an integer from 1 to 100")
+        token = _string(params, "NextToken")
+        offset = _decode_token(token) if token else 0
+        query = ListQuery(
+            name_contains=_string(params, "NameContains"),
+            status_equals=_choice(params, "StatusEquals", _STATUSES),
+            creation_after=_timestamp(params, "CreationTimeAfter"),
+            creation_before=_timestamp(params, "CreationTimeBefore"),
+            modified_after=_timestamp(params, "LastModifiedTimeAfter"),
+            modified_before=_timestamp(params, "LastModifiedTimeBefore"),
+            sort_by=_choice(params, "SortBy", _SORT_BY) or "CreationTime",
+            sort_order=_choice(params, "SortOrder", _SORT_ORDER) or "Descending",
+            offset=offset,
+            limit=limit + 1,  # one more tells whether there is a next page
+        )
+        records = self.service.list(query)
+        out: dict[str, Any] = {"TrainingJobSummaries": [summary(r) for r in records[:limit]]}
+        if len(records) > limit:
+            out["NextToken"] = _encode_token(offset + limit)
+        return out
