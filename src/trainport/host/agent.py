@@ -20,8 +20,15 @@ from pathlib import Path
 from trainport.config import Settings
 from trainport.errors import TrainportError
 from trainport.host import command as commands
+from trainport.host import fastfile, pipe
 from trainport.host.artifacts import upload_artifacts
-from trainport.host.channels import object_order, resolve_channel, shard, stage_file_channel
+from trainport.host.channels import (
+    ChannelObject,
+    object_order,
+    resolve_channel,
+    shard,
+    stage_file_channel,
+)
 from trainport.host.checkpoints import CheckpointSync
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
 from trainport.host.metrics import MetricParser
@@ -97,6 +104,10 @@ class HostAgent:
         self._process: HostProcess | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        # Pipe servers and FastFile mounts: started before training, closed after it.
+        self._streams: list[pipe.PipeChannelServer | fastfile.FastFileMount] = []
+        self._notes: list[str] = []  # told in the Training status message
+        self._stream_failure: str | None = None
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -140,16 +151,18 @@ class HostAgent:
             cmd = self._command(layout)
             if self._stop.is_set():
                 raise _Stopped
-            self.emit(Phase("Training", "Training in progress"))
+            self.emit(Phase("Training", "; ".join(["Training in progress", *self._notes])))
             result = self._train(cmd, layout, checkpoints)
         except _Stopped:
-            result = Finished(None, None)
+            failure = self._stream_failure
+            result = Finished(None, f"ClientError: {failure}" if failure else None)
         except TrainportError as exc:
             log.error("host %s could not run the job: %s", plan.host, exc)
             result = Finished(None, f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # an agent bug must still end the job with a reason
             log.exception("host %s failed", plan.host)
             result = Finished(None, f"InternalError: {type(exc).__name__}: {exc}")
+        self._close_streams()
         self.emit(Phase("Uploading", "Uploading generated training model"))
         return self._finish(result, layout, checkpoints)
 
@@ -173,9 +186,26 @@ class HostAgent:
         for channel in plan.spec.channels:
             if self._stop.is_set():
                 raise _Stopped
+            if channel.input_mode == "Pipe":
+                server = pipe.serve_channel(
+                    self.store,
+                    channel,
+                    layout.data_dir,
+                    host_index=plan.host_index,
+                    host_count=len(plan.hosts),
+                    workers=plan.spec.pipe_workers,
+                    opts=pipe.PipeOptions(fetchers=self.settings.download_workers),
+                    on_error=self._stream_failed,
+                )
+                self._streams.append(server)
+                continue
             objects = resolve_channel(self.store, channel)
             ordered = object_order(objects, channel.shuffle_seed, epoch=0)
             mine = shard(ordered, channel.distribution, plan.host_index, len(plan.hosts))
+            if channel.input_mode == "FastFile" and self._mount_fastfile(
+                channel.name, mine, layout
+            ):
+                continue
             stats = stage_file_channel(
                 self.store,
                 mine,
@@ -191,6 +221,34 @@ class HostAgent:
                 stats.seconds,
             )
 
+    def _mount_fastfile(self, name: str, objects: list[ChannelObject], layout: HostLayout) -> bool:
+        """Mount a FastFile view; False (and a note in the status) to stage in File mode."""
+        try:
+            view = fastfile.mount_channel(
+                self.store, objects, layout.channel_dir(name), label=f"channel {name}"
+            )
+        except fastfile.FastFileUnavailable as exc:
+            note = f"FastFile unavailable ({exc}); channel {name} staged in File mode"
+            log.warning("%s", note)
+            self._notes.append(note)
+            self.emit(Phase("Downloading", note))
+            return False
+        self._streams.append(view)
+        return True
+
+    def _stream_failed(self, message: str) -> None:
+        """A Pipe channel cannot go on (an object vanished, bad gzip): end the job."""
+        self._log_line(f"[trainport] {message}")
+        self._stream_failure = message
+        self.terminate(self.settings.stop_grace_seconds)
+
+    def _close_streams(self) -> None:
+        while self._streams:
+            try:
+                self._streams.pop().close()
+            except Exception:  # closing one must not keep the others open
+                log.exception("closing a channel stream failed")
+
     def _base_env(self, base_dir: str) -> dict[str, str]:
         spec = self.plan.spec
         env = dict(os.environ)
@@ -201,6 +259,8 @@ class HostAgent:
         env["TRAINING_JOB_ARN"] = self.plan.arn
         env["SAGEMAKER_BASE_DIR"] = base_dir
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if spec.pipe_workers:
+            env["TRAINPORT_PIPE_WORKERS"] = str(spec.pipe_workers)
         return env
 
     def _command(self, layout: HostLayout) -> commands.Command:
@@ -286,6 +346,8 @@ class HostAgent:
         done.set()
         if syncer is not None:
             syncer.join()
+        if self._stream_failure:
+            return Finished(code or 1, f"ClientError: {self._stream_failure}")
         return Finished(code, self._failure_reason(layout, code))
 
     def _sync_loop(self, checkpoints: CheckpointSync, done: threading.Event) -> None:
