@@ -98,6 +98,8 @@ def run_workload(work: Workload, backend: Backend) -> SelectionResult:
     records: list[EpochRecord] = []
     units: list[UnitRecord] = []
     last_worker: dict[str, int] = {}
+    # Retired workers (lost with another copy of their partition alive) stay retired.
+    alive = set(range(placement.workers))
 
     with tempfile.TemporaryDirectory(prefix="trainport-select-val-") as cache:
         val_data = _load_validation(trainer, work.validation, Path(cache))
@@ -142,6 +144,7 @@ def run_workload(work: Workload, backend: Backend) -> SelectionResult:
                     sizes,
                     units,
                     last_worker,
+                    alive,
                     t0,
                 )
                 for mid in active:
@@ -217,15 +220,18 @@ def _run_epoch(
     sizes: list[int],
     units: list[UnitRecord],
     last_worker: dict[str, int],
+    alive: set[int],
     t0: float,
 ) -> dict[str, list[UnitMetrics]]:
     seed = f"{work.seed}/{rnd}"
-    plan = plan_epoch(active, placement, seed, lambda m, p: costs[m] * sizes[p])
+    # Plan on one copy per partition: visit orders (and so every number a model ends up
+    # with) then do not depend on how many replicas there are or which of them survive.
+    single = Placement(placement.partitions)
+    plan = plan_epoch(active, single, seed, lambda m, p: costs[m] * sizes[p])
     remaining: dict[str, list[int]] = {m: list(plan.visit_order[m]) for m in active}
     ordered = work.schedule == "planned"
     busy: set[str] = set()
     running: dict[int, Any] = {}
-    alive = set(range(placement.workers))
     done: dict[str, list[UnitMetrics]] = {m: [] for m in active}
     decision = 0
     total = len(active) * placement.partitions
@@ -276,6 +282,8 @@ def _run_epoch(
                             "done",
                             event.state_bytes,
                             hopped,
+                            event.metrics.steps,
+                            dict(event.metrics.metrics),
                         )
                     )
                     bar.update(1)

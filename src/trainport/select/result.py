@@ -53,6 +53,8 @@ class UnitRecord:
     status: str  # "done" or "lost"
     state_bytes: int = 0
     hopped: bool = False  # the model came from another worker
+    steps: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def pick_best(

@@ -1,0 +1,72 @@
+"""``trainport select spec.yaml`` through click's runner, on the local backend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trainport.select.cli import select_command
+
+SPEC = {
+    "trainer": "trainport.select.models:mlp_trainer",
+    "trainer_args": {"in_features": 6, "batch_size": 32},
+    "train": "data/train",
+    "validation": "data/val",
+    "epochs": 2,
+    "metric": "val_accuracy",
+    "direction": "max",
+    "partitions": 2,
+    "seed": 3,
+    "search": {
+        "procedure": "random",
+        "samples": 3,
+        "params": {
+            "lr": {"loguniform": [0.01, 0.3]},
+            "hidden": {"uniform": [4, 16], "q": 4},
+            "layers": {"choice": [1, 2]},
+        },
+    },
+    "output": "out",
+}
+
+
+def write_spec(tmp_path: Path, dataset: Path, **changes: object) -> Path:
+    (tmp_path / "data").symlink_to(dataset, target_is_directory=True)
+    spec = {**SPEC, **changes}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.slow
+def test_select_command_runs_a_spec(tmp_path: Path, dataset: Path) -> None:
+    path = write_spec(tmp_path, dataset)
+    result = CliRunner().invoke(select_command, [str(path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "best: c00" in result.output
+    summary = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert summary["direction"] == "max"
+    assert len(summary["configs"]) == 3
+    for config in summary["configs"].values():
+        assert config["hidden"] % 4 == 0 and config["layers"] in (1, 2)
+    assert (tmp_path / "out" / "best_model.pt").exists()
+    assert (tmp_path / "out" / "gantt.png").exists()
+
+
+def test_bad_spec_names_the_field(tmp_path: Path, dataset: Path) -> None:
+    path = write_spec(tmp_path, dataset, epochs=0, backend="yarn")
+    result = CliRunner().invoke(select_command, [str(path)])
+    assert result.exit_code != 0
+    assert "epochs" in result.output and "backend" in result.output
+
+
+def test_random_search_without_samples_is_refused(tmp_path: Path, dataset: Path) -> None:
+    search = {**SPEC["search"], "samples": None}  # type: ignore[dict-item]
+    path = write_spec(tmp_path, dataset, search=search)
+    result = CliRunner().invoke(select_command, [str(path)])
+    assert result.exit_code != 0
+    assert "search.samples" in result.output
