@@ -13,9 +13,9 @@ from typing import Any
 
 from trainport.data.errors import DataError
 
-__all__ = ["crc32c", "crc_implementation", "masked_crc32c"]
+__all__ = ["MASK_DELTA", "crc32c", "crc_function", "crc_implementation", "masked_crc32c"]
 
-_MASK_DELTA = 0xA282EAD8
+MASK_DELTA = 0xA282EAD8
 
 
 def _load() -> tuple[Callable[[Any], int], str]:
@@ -50,6 +50,11 @@ def _function() -> Callable[[Any], int]:
     return _crc
 
 
+def crc_function() -> Callable[[bytes], int]:
+    """The raw C function (bytes in, CRC out), for hot loops that cannot afford a wrapper."""
+    return _function()
+
+
 def crc_implementation() -> str:
     """The name of the package computing CRC-32C here."""
     _function()
@@ -68,4 +73,4 @@ def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     TensorFlow masks stored CRCs because a CRC over data that itself contains CRCs is weak.
     """
     c = _function()(data if type(data) is bytes else bytes(data))
-    return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+    return ((((c >> 15) | (c << 17)) & 0xFFFFFFFF) + MASK_DELTA) & 0xFFFFFFFF

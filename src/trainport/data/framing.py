@@ -41,13 +41,16 @@ class ByteStream:
     ``start`` (non-zero when a reader resumes from a checkpointed position).
     """
 
-    __slots__ = ("_base", "_chunk", "_eof", "_raw", "buf", "pos", "source", "waited")
+    __slots__ = ("_base", "_eof", "_raw", "buf", "chunk", "pos", "read_hint", "source", "waited")
 
     def __init__(
         self, raw: Readable, *, source: str, start: int = 0, chunk_size: int = DEFAULT_CHUNK
     ) -> None:
         self._raw = raw
-        self._chunk = chunk_size
+        self.chunk = chunk_size
+        #: how much :meth:`ensure` reads at least; a parser lowers it to the header size while
+        #: records are large, so their data is read straight into the record by :meth:`take`.
+        self.read_hint = chunk_size
         self._base = start
         self._eof = False
         self.buf = b""
@@ -73,7 +76,7 @@ class ByteStream:
         # time so one read serves many records. FIFOs and sockets return short reads, so loop.
         while have < n:
             t0 = time.perf_counter()
-            data = self._raw.read(max(self._chunk, min(n - have, _MAX_READ)))
+            data = self._raw.read(max(self.read_hint, min(n - have, _MAX_READ)))
             self.waited += time.perf_counter() - t0
             if not data:
                 self._eof = True
@@ -85,6 +88,35 @@ class ByteStream:
 
     def advance(self, n: int) -> None:
         self.pos += n
+
+    def take(self, n: int) -> bytes:
+        """Consume and return the next ``n`` bytes (fewer only at the end of the source).
+
+        What the buffer lacks is read straight from the source, so a large record costs one
+        copy from the kernel rather than a buffer fill and a slice.
+        """
+        avail = len(self.buf) - self.pos
+        if n <= avail:
+            data = self.buf[self.pos : self.pos + n]
+            self.pos += n
+            return data
+        parts = [self.buf[self.pos :]] if avail else []
+        have = avail
+        while have < n and not self._eof:
+            t0 = time.perf_counter()
+            data = self._raw.read(min(n - have, _MAX_READ))
+            self.waited += time.perf_counter() - t0
+            if not data:
+                self._eof = True
+                break
+            parts.append(data)
+            have += len(data)
+        self._base += len(self.buf) + have - avail
+        self.buf = b""
+        self.pos = 0
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class CorruptionPolicy:
