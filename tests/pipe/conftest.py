@@ -30,7 +30,9 @@ class CountingStore(LocalStore):
         self._count(key)
         with self._lock:
             self.ranges.append((key, start, end))
-        return super().read_range(bucket, key, start, end)
+        with open(self._path(bucket, key), "rb") as f:  # not via open_stream: one count
+            f.seek(start)
+            return f.read(max(0, end - start))
 
     def get_bytes(self, bucket: str, key: str) -> bytes:
         self._count(key)

@@ -16,10 +16,12 @@ File mode instead and says so in the job's status message.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -98,6 +100,8 @@ def _operations_class() -> type:
     operations: Any = fuse.Operations
 
     class ChannelFS(operations):
+        use_ns = True  # times in nanoseconds (fusepy's float seconds are deprecated)
+
         def __init__(self, store: ObjectStore, objects: Sequence[ChannelObject]) -> None:
             self.store = store
             self.files = {"/" + o.rel_path: o for o in objects}
@@ -109,8 +113,8 @@ def _operations_class() -> type:
                     self.dirs.setdefault(parent, set()).add(name)
             self.handles: dict[int, _OpenObject] = {}
             self.next_fh = 1
-            self.lock = threading.Lock()
-            self.now = time.time()
+            self.handles_lock = threading.Lock()  # not `lock`: that is a FUSE operation
+            self.now = time.time_ns()
 
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
             base = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_mtime": self.now}
@@ -133,7 +137,7 @@ def _operations_class() -> type:
                 raise fuse.FuseOSError(errno.ENOENT)
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC):
                 raise fuse.FuseOSError(errno.EROFS)
-            with self.lock:
+            with self.handles_lock:
                 fh = self.next_fh
                 self.next_fh += 1
                 self.handles[fh] = _OpenObject(self.store, obj)
@@ -150,7 +154,7 @@ def _operations_class() -> type:
                 raise fuse.FuseOSError(errno.EIO) from exc
 
         def release(self, path: str, fh: int) -> int:
-            with self.lock:
+            with self.handles_lock:
                 self.handles.pop(fh, None)
             return 0
 
@@ -179,7 +183,21 @@ class FastFileMount:
                 lazy = ["umount", "-l"] if argv[0] == "umount" else ["fusermount", "-uz"]
                 subprocess.run([*lazy, str(self.mountpoint)], capture_output=True, timeout=30)
         self.thread.join(timeout)
+        _ignore_sigpipe()
         log.info("%s: FastFile view unmounted", self.label)
+
+
+def _ignore_sigpipe() -> None:
+    """Put SIGPIPE back to ignored, as Python keeps it: libfuse's teardown resets it to the
+    default (terminate), which would let any later write to a closed pipe or socket kill
+    this process. Through libc, because ``signal.signal`` works only in the main thread."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(signal.SIGPIPE, 1)  # 1 is SIG_IGN
+    except (OSError, AttributeError) as exc:  # pragma: no cover - not on glibc/musl
+        log.warning("could not restore SIGPIPE to ignored: %s", exc)
 
 
 def mount_channel(

@@ -37,6 +37,7 @@ import errno
 import fcntl
 import logging
 import os
+import signal
 import stat
 import threading
 import time
@@ -286,6 +287,10 @@ class _FifoSeries:
 
     def _run(self) -> None:
         server = self.server
+        # A reader that closes early must give EPIPE, never a process-killing SIGPIPE, even
+        # where something reset SIGPIPE to its default (libfuse does on unmount): blocked in
+        # this thread, the signal stays pending here and write() returns EPIPE.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
         pool = ThreadPoolExecutor(server.opts.fetchers, thread_name_prefix="pipe-fetch")
         try:
             while not server.stopping.is_set():
