@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.data.support import make_records
-from trainport.data import ChannelDataset, DataError, ReaderSlot, S3Channel, encode_tfrecord
+from tests.data.support import FifoProducer, make_records
+from trainport.data import (
+    ChannelDataset,
+    DataError,
+    PipeChannel,
+    ReaderSlot,
+    S3Channel,
+    encode_tfrecord,
+)
 
 
 def _free_port() -> int:
@@ -89,3 +97,21 @@ def test_resume_reads_by_range_from_the_checkpointed_offset(
 def test_missing_bucket_is_a_data_error(bucket: dict[str, list[bytes]]) -> None:
     with pytest.raises(DataError, match="s3://nope/x"):
         list(ChannelDataset.from_uri("s3://nope/x"))
+
+
+def test_same_records_from_s3_files_and_a_pipe(
+    bucket: dict[str, list[bytes]], tmp_path: Path, fifo_producers: Callable[..., FifoProducer]
+) -> None:
+    s3 = boto3.client("s3")
+    blobs = {key: s3.get_object(Bucket="data", Key=key)["Body"].read() for key in sorted(bucket)}
+    for key, blob in blobs.items():
+        (tmp_path / "files").mkdir(exist_ok=True)
+        (tmp_path / "files" / key.split("/")[-1]).write_bytes(blob)
+    # Pipe mode delivers the concatenation of the objects in key order.
+    fifo_producers(tmp_path, "train", lambda e: b"".join(blobs.values()), 1)
+    from_s3 = list(ChannelDataset.from_uri("s3://data/train/", slot=ReaderSlot()))
+    from_files = list(ChannelDataset.from_uri(tmp_path / "files", slot=ReaderSlot()))
+    pipe = PipeChannel("train", tmp_path, wait_timeout=20)
+    from_pipe = list(ChannelDataset(pipe, slot=ReaderSlot()))
+    assert from_s3 == from_files == from_pipe
+    assert len(from_s3) == sum(len(r) for r in bucket.values())
