@@ -1,0 +1,211 @@
+"""Job overhead: how much later than a bare interpreter does user code start and end?
+
+For each runner (sandbox, process) this times, over ``--repeat`` repetitions:
+
+- **first line**: from just before ``trainport run job.yaml`` is launched as a subprocess
+  until the first statement of the user script runs (the script writes ``time.time()`` to a
+  file as its first statement);
+- **total**: the wall time of ``trainport run`` for that script, which does nothing else
+  (so it includes staging nothing, writing the config files, waiting for the process,
+  uploading an empty model and the CLI noticing the final status);
+
+each beside the floor: the same interpreter started on the same script directly, measured
+the same way in the same run. Runs are interleaved (floor, sandbox, process, floor, ...) so
+drift on the machine hits every column alike. A breakdown per stage follows, from each job
+record's timestamps (created, Downloading, Training, Completed) and the script's. The job
+uses ``ContainerEntrypoint`` with the interpreter's real path, so no script-mode packing
+enters the figure.
+
+    python benchmarks/job_overhead.py --repeat 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GOAL_SECONDS = 0.5
+
+USER_SCRIPT = """\
+import sys, time; open(sys.argv[1], "w").write(repr(time.time()))
+"""
+
+
+STAGES = (
+    ("CLI start -> job record created", "created"),
+    ("record created -> agent Downloading", "downloading"),
+    ("Downloading -> Training (layout, runner)", "training"),
+    ("Training -> first line of user code", "first_line"),
+    ("first line -> Completed recorded", "completed"),
+    ("Completed -> CLI exited", "exited"),
+)
+
+
+@dataclass
+class Series:
+    first_line: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)
+    stages: list[dict[str, float]] = field(default_factory=list)
+
+
+def stage_times(home: Path, name: str, start: float, first: float, end: float) -> dict[str, float]:
+    """Seconds since launch at which the job passed each point, from its record."""
+    from trainport.jobs.db import JobDB
+
+    record = JobDB(home / "trainport.db").get(name)
+    at = {t.status: t.start_time for t in record.transitions}
+    points = {
+        "created": record.creation_time,
+        "downloading": at.get("Downloading", record.creation_time),
+        "training": at.get("Training", record.creation_time),
+        "first_line": first,
+        "completed": at.get("Completed", end),
+        "exited": end,
+    }
+    return {k: v - start for k, v in points.items()}
+
+
+def trainport_command() -> list[str]:
+    """``trainport`` next to this interpreter (not a pyenv shim, whose bash start-up would
+    be charged to trainport), else ``python -m trainport.cli``."""
+    exe = Path(sys.executable).with_name("trainport")
+    if exe.is_file() and os.access(exe, os.X_OK):
+        return [str(exe)]
+    return [sys.executable, "-c", "from trainport.cli import main; main()"]
+
+
+def write_job(path: Path, script: Path, marker: Path, name: str) -> None:
+    request = {
+        "TrainingJobName": name,
+        "RoleArn": "arn:aws:iam::000000000000:role/trainport",
+        "AlgorithmSpecification": {
+            "TrainingInputMode": "File",
+            "TrainingImage": "local",
+            "ContainerEntrypoint": [sys.executable, str(script), str(marker)],
+        },
+        "OutputDataConfig": {"S3OutputPath": "s3://trainport-bench/output"},
+        "ResourceConfig": {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 120},
+    }
+    path.write_text(json.dumps(request, indent=2))
+
+
+def time_one(
+    argv: list[str], marker: Path, env: dict[str, str]
+) -> tuple[float, float, float, float]:
+    """(start, first line, end) as epoch seconds, and the first line's delay."""
+    marker.unlink(missing_ok=True)
+    start = time.time()
+    done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    end = time.time()
+    if done.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(argv)} exited {done.returncode}:\n{done.stdout.decode(errors='replace')}"
+        )
+    first = float(marker.read_text())
+    return start, first, end, first - start
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1000.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=10, help="repetitions per column")
+    parser.add_argument(
+        "--runners",
+        default="sandbox,process",
+        help="comma-separated runners to measure (default: sandbox,process)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the scratch TRAINPORT_HOME")
+    args = parser.parse_args()
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+
+    work = Path(tempfile.mkdtemp(prefix="trainport-bench-overhead-"))
+    home = work / "home"
+    script = work / "user" / "noop.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(USER_SCRIPT)
+    marker = work / "user" / "first-line"
+    env = {**os.environ, "TRAINPORT_HOME": str(home)}
+    for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "TRAINPORT_STORE", "TRAINPORT_RUNNER"):
+        env.pop(var, None)  # the embedded store: this measures trainport, not an endpoint
+    tp = trainport_command()
+
+    floor = Series()
+    by_runner = {r: Series() for r in runners}
+    try:
+        # One unmeasured round warms the page cache and creates the database.
+        for r in runners:
+            job = work / f"warm-{r}.json"
+            write_job(job, script, marker, f"warm-{r}")
+            time_one([*tp, "run", str(job), "--runner", r], marker, env)
+        for i in range(args.repeat):
+            start, first, end, _ = time_one([sys.executable, str(script), str(marker)], marker, env)
+            floor.first_line.append(first - start)
+            floor.total.append(end - start)
+            for r in runners:
+                job = work / f"job-{r}-{i}.json"
+                name = f"bench-{r}-{i}"
+                write_job(job, script, marker, name)
+                start, first, end, _ = time_one([*tp, "run", str(job), "--runner", r], marker, env)
+                by_runner[r].first_line.append(first - start)
+                by_runner[r].total.append(end - start)
+                by_runner[r].stages.append(stage_times(home, name, start, first, end))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    print(f"job overhead, median of {args.repeat} runs (ms); goal: < {GOAL_SECONDS * 1000:.0f} ms")
+    print(f"  python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trainport: {' '.join(tp)}")
+    header = f"{'':28}{'trainport':>11}{'floor':>9}{'above':>9}{'ratio':>8}{'goal':>7}"
+    print(header)
+    print("-" * len(header))
+    for r in runners:
+        series = by_runner[r]
+        for what, values, base in (
+            ("first line", series.first_line, floor.first_line),
+            ("total (no-op job)", series.total, floor.total),
+        ):
+            ours, bottom = median_ms(values), median_ms(base)
+            above = ours - bottom
+            ok = "ok" if above < GOAL_SECONDS * 1000 else "MISS"
+            print(
+                f"{r + ': ' + what:28}{ours:>11.0f}{bottom:>9.0f}{above:>9.0f}"
+                f"{ours / bottom:>7.1f}x{ok:>7}"
+            )
+    for r in runners:
+        series = by_runner[r]
+        lo, hi = min(series.total) * 1000, max(series.total) * 1000
+        print(f"  {r}: no-op job total min {lo:.0f} ms, max {hi:.0f} ms")
+    print()
+    print("where the time goes (median over runs of each stage's length, ms)")
+    print(f"{'stage':<44}" + "".join(f"{r:>10}" for r in runners))
+    previous = "start"
+    for label, key in STAGES:
+        cells = []
+        for r in runners:
+            lengths = [
+                st[key] - (st[previous] if previous != "start" else 0.0)
+                for st in by_runner[r].stages
+            ]
+            cells.append(f"{median_ms(lengths):>10.0f}")
+        print(f"{label:<44}" + "".join(cells))
+        previous = key
+    load = os.getloadavg()
+    print(f"load average during the run: {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
