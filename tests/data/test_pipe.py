@@ -57,7 +57,7 @@ def test_early_close_ends_the_epoch_cleanly(tmp_path: Path, fifo_producers: Star
     ds = ChannelDataset(PipeChannel("train", tmp_path, wait_timeout=20), slot=ReaderSlot())
     iterator = iter(ds)
     assert [next(iterator) for _ in range(3)] == big(0)[:3]
-    iterator.close()  # type: ignore[attr-defined]
+    iterator.close()
     assert ds.epoch == 1
     assert list(ds) == big(1)
     producer.join(timeout=5)
@@ -121,7 +121,7 @@ def test_early_close_also_releases_series_not_yet_reached(
     ds = ChannelDataset(PipeChannel("ch", tmp_path, pipes=2, wait_timeout=20), slot=ReaderSlot())
     iterator = iter(ds)
     next(iterator)
-    iterator.close()  # type: ignore[attr-defined]
+    iterator.close()
     # Both series moved on to epoch 1, so this does not hang on series 1's epoch 0.
     assert list(ds) == shard[0](1) + shard[1](1)
 
@@ -160,7 +160,7 @@ def test_resume_after_restart_replays_and_skips(tmp_path: Path, fifo_producers: 
     seen = [next(iterator) for _ in range(12)]
     state = ds.state_dict()
     assert state["epoch"] == 1 and state["records"] == 12
-    iterator.close()  # type: ignore[attr-defined]
+    iterator.close()
 
     # The restarted job: FIFOs begin at <channel>_0 again, replaying the epoch being read.
     second = tmp_path / "second"

@@ -38,7 +38,7 @@ def endpoint() -> Iterator[str]:
 
 
 @pytest.fixture
-def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[bytes]]:
+def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[bytes]]]:
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

@@ -34,7 +34,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -240,7 +240,7 @@ class ChannelDataset(_DatasetBase):
     def _slot(self) -> ReaderSlot:
         return self.slot if self.slot is not None else current_slot()
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Generator[Any, None, None]:
         slot = self._slot()
         if isinstance(self.source, PipeChannel):
             return self._iter_pipe(self.source, slot)
@@ -264,7 +264,7 @@ class ChannelDataset(_DatasetBase):
         self._epoch += 1
         self._reset_position()
 
-    def _iter_listed(self, source: ListedChannel, slot: ReaderSlot) -> Iterator[Any]:
+    def _iter_listed(self, source: ListedChannel, slot: ReaderSlot) -> Generator[Any, None, None]:
         if self._objects is None:
             self._objects = source.list_objects()
             if not self._objects:
@@ -299,7 +299,7 @@ class ChannelDataset(_DatasetBase):
         finally:
             self._finish_epoch(completed)
 
-    def _iter_pipe(self, source: PipeChannel, slot: ReaderSlot) -> Iterator[Any]:
+    def _iter_pipe(self, source: PipeChannel, slot: ReaderSlot) -> Generator[Any, None, None]:
         fifo_epoch = self._fifo_epoch
         series = pipe_series_for(slot, source.num_series(fifo_epoch))
         if not series and not self._told_idle:
