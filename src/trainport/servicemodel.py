@@ -78,6 +78,10 @@ def request_shapes(operation: str, cache_dir: Path | None = None) -> tuple[str, 
     return root, subset
 
 
+# Values trainport accepts beyond the model's enums: the SageMaker SDK's local-mode
+# instance types, which say "this machine".
+_EXTRA_ENUM_VALUES = {"TrainingInstanceType": ("local", "local_gpu")}
+
 _PY_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -144,8 +148,12 @@ def _check(value: Any, name: str, shapes: Shapes, path: str, out: list[str]) -> 
             _check(item, shape["value"]["shape"], shapes, f"{where}.{key}", out)
     elif kind == "string":
         _size(len(value), shape, where, "length", out)
-        if "enum" in shape and value not in shape["enum"]:
-            out.append(f"{where}: {value!r} is not one of {', '.join(shape['enum'])}")
+        allowed = [*shape.get("enum", ()), *_EXTRA_ENUM_VALUES.get(name, ())]
+        if "enum" in shape and value not in allowed:
+            listed = ", ".join(allowed[:12]) + (
+                f", ... ({len(allowed)} in all)" if len(allowed) > 12 else ""
+            )
+            out.append(f"{where}: {value!r} is not one of {listed}")
         elif "pattern" in shape and not _matches(shape["pattern"], value):
             out.append(f"{where}: {value!r} does not match the pattern {shape['pattern']}")
     elif kind in ("integer", "long", "float", "double"):

@@ -70,6 +70,9 @@ class JobDB:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
             conn.execute("PRAGMA busy_timeout=30000")
+            # WAL stays consistent after a crash of trainport with NORMAL; only a power
+            # loss can drop the last commits. FULL would fsync every status change.
+            conn.execute("PRAGMA synchronous=NORMAL")
             yield conn
         finally:
             conn.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,18 @@ PENDING = "Pending"  # SecondaryStatus of a job waiting in a scheduler's queue
 
 
 class JobService:
-    def __init__(self, settings: Settings | None = None, *, reconcile_on_read: bool = True) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        reconcile_on_read: bool = True,
+        launch: str = "spawn",
+    ) -> None:
         self.settings = settings or load_settings()
+        # "spawn" starts each supervisor as a new interpreter (safe from any caller);
+        # "fork" copies this one, which has everything imported already: a single-threaded
+        # caller such as the CLI saves a whole Python start-up per job.
+        self.launch = launch
         # A long-lived caller (the server's scheduler) reconciles on its own clock instead.
         self.reconcile_on_read = reconcile_on_read
         self.db = JobDB(self.settings.db_path)
@@ -159,19 +170,25 @@ class JobService:
     def _launch(self, name: str) -> None:
         job_dir = self.settings.jobs_dir / name
         job_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "TRAINPORT_HOME": str(self.settings.home)}
-        with open(job_dir / "supervisor.log", "ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "trainport.jobs.supervisor", name],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        ident = liveness.identity(proc.pid)
+        log_path = job_dir / "supervisor.log"
+        if self.launch == "fork":
+            pid = _fork_supervisor(name, self.settings, log_path)
+            wait: Callable[[], object] = functools.partial(os.waitpid, pid, 0)
+        else:
+            env = {**os.environ, "TRAINPORT_HOME": str(self.settings.home)}
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "trainport.jobs.supervisor", name],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            pid, wait = proc.pid, proc.wait
+        ident = liveness.identity(pid)
         # Reap it when it ends, so a long-lived caller (the server) keeps no zombies.
-        threading.Thread(target=proc.wait, name=f"reap-{name}", daemon=True).start()
+        threading.Thread(target=wait, name=f"reap-{name}", daemon=True).start()
         if ident is not None:
             self.db.update(name, lambda r: dataclasses.replace(r, supervisor=ident))
 
@@ -329,3 +346,31 @@ def _stop_group(pgid: int | None, arn: str) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     return True
+
+
+def _fork_supervisor(name: str, settings: Settings, log_path: Path) -> int:
+    """Start the supervisor as a forked copy of this (single-threaded) process."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    pid = os.fork()
+    if pid:
+        os.close(fd)
+        return pid
+    code = 1
+    try:
+        os.setsid()  # its own session: a Ctrl-C in the terminal does not reach it
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        from trainport.jobs.supervisor import main
+
+        code = main([name], settings)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -10,6 +10,7 @@ submitted it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import signal
 import sys
@@ -36,6 +37,10 @@ _POLL = 0.2
 def _final_metrics(db: JobDB, name: str) -> tuple[MetricPoint, ...]:
     series = db.metric_series(name)
     return tuple(MetricPoint(m, pts[-1][1], pts[-1][0]) for m, pts in sorted(series.items()))
+
+
+def _expire(record: JobRecord, event: StopRequested) -> JobRecord:
+    return advance(record, event, time.time())
 
 
 def supervise(name: str, settings: Settings) -> int:
@@ -67,7 +72,7 @@ def supervise(name: str, settings: Settings) -> int:
     agent = HostAgent(
         plan,
         store=open_store(settings),
-        runner=select_runner(record.runner),
+        runner=select_runner(record.runner, verified=True),
         settings=settings,
         emit=emit,
         on_metrics=lambda pts: db.add_metrics(name, pts),
@@ -103,7 +108,7 @@ def supervise(name: str, settings: Settings) -> int:
         if current.status != Status.STOPPING.value and time.time() >= deadline:
             message = f"MaxRuntimeInSeconds ({spec.max_runtime_seconds} s) exceeded; stopping"
             expired = StopRequested("max_runtime", message)
-            current = db.update(name, lambda r: advance(r, expired, time.time()))
+            current = db.update(name, functools.partial(_expire, event=expired))
         if current.status == Status.STOPPING.value:
             log.info("stopping job %s (grace %.0f s)", name, grace)
             agent.terminate(grace)
@@ -121,12 +126,16 @@ def supervise(name: str, settings: Settings) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    # force=True: a supervisor forked from the CLI inherits the CLI's logging setup.
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
     )
-    return supervise(args[0], load_settings())
+    return supervise(args[0], settings or load_settings())
 
 
 if __name__ == "__main__":

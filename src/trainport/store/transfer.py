@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-
-from tqdm import tqdm
+from typing import Any
 
 from trainport.store.api import ObjectStore
 
@@ -41,6 +40,13 @@ class TransferStats:
         return self.bytes / (1 << 20) / self.seconds if self.seconds > 0 else 0.0
 
 
+def _progress_bar(total: int, label: str) -> Any:
+    # Imported only when a bar is shown: tqdm costs a job's supervisor tens of ms to import.
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=False)
+
+
 def _run_all(
     items: Sequence[Transfer],
     one: Callable[[Transfer], int],
@@ -52,15 +58,7 @@ def _run_all(
     start = time.monotonic()
     total = sum(t.size for t in items)
     done_bytes = 0
-    bar = tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc=label,
-        disable=not progress,
-        leave=False,
-    )
+    bar = _progress_bar(total, label) if progress else None
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
             futures = [pool.submit(one, t) for t in items]
@@ -70,9 +68,11 @@ def _run_all(
                 for fut in finished:
                     n = fut.result()  # re-raises the first failure; the pool drains the rest
                     done_bytes += n
-                    bar.update(n)
+                    if bar is not None:
+                        bar.update(n)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     stats = TransferStats(len(items), done_bytes, time.monotonic() - start)
     log.info(
         "%s: %d objects, %.1f MiB in %.2f s (%.0f MiB/s)",
