@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainport.config import Settings
 from trainport.errors import TrainportError
 from trainport.host import command as commands
-from trainport.host import fastfile, pipe
+from trainport.host import pipe
 from trainport.host.artifacts import upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -37,6 +38,9 @@ from trainport.jobs.status import Event, Finished, Phase
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
 from trainport.spec import JobSpec
 from trainport.store.api import ObjectStore, S3Uri
+
+if TYPE_CHECKING:
+    from trainport.host import fastfile
 
 __all__ = ["HostAgent", "HostPlan"]
 
@@ -222,6 +226,9 @@ class HostAgent:
             )
 
     def _mount_fastfile(self, name: str, objects: list[ChannelObject], layout: HostLayout) -> bool:
+        # Imported here: FUSE support is heavy and most jobs never use it.
+        from trainport.host import fastfile
+
         """Mount a FastFile view; False (and a note in the status) to stage in File mode."""
         try:
             view = fastfile.mount_channel(
@@ -293,8 +300,12 @@ class HostAgent:
             python=python,
             num_gpus=_gpu_count(),
             num_cpus=os.cpu_count() or 1,
+            job_name=spec.name,
         )
-        return commands.Command(tuple(argv), f"{base_dir}/code", {**env, **sm_env})
+        merged = {**env, **sm_env}
+        if env.get("PYTHONPATH"):  # the code folder first, the request's own paths after
+            merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
+        return commands.Command(tuple(argv), f"{base_dir}/code", merged)
 
     # -- training -------------------------------------------------------------------------
 
