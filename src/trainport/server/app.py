@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import mimetypes
+import socket
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,7 @@ from trainport.config import Settings, load_settings
 from trainport.errors import TrainportError
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
+from trainport.server.connections import ThreadConnectionDB
 from trainport.server.dashboard_api import DashboardApi, Download, dashboard_token
 from trainport.server.logs_api import LogsApi
 from trainport.server.protocol import DEFAULT_MAX_BODY, JsonProtocol, Response, error_response
@@ -58,6 +60,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: TrainportServer
 
+    def setup(self) -> None:
+        super().setup()
+        # Small responses go out at once, not after the peer's delayed ACK (40 ms).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
@@ -71,8 +78,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("x-amzn-RequestId", "trainport")
         for name, value in (extra or {}).items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(response.body)
+        # Head and body in one write: one packet for a small response.
+        self._headers_buffer.append(b"\r\n" + response.body)  # type: ignore[attr-defined]
+        self.flush_headers()
 
     def do_POST(self) -> None:
         protocol = self.server.protocol
@@ -210,6 +218,7 @@ def build_server(config: ServerConfig, settings: Settings | None = None) -> Trai
     """A server bound to ``config.host:config.port`` (port 0 picks a free one)."""
     settings = settings or load_settings()
     service = JobService(settings, reconcile_on_read=False)
+    service.db = ThreadConnectionDB(settings.db_path)
     limit = config.max_concurrent_jobs or settings.max_concurrent_jobs
     scheduler = Scheduler(service, limit, interval=config.scheduler_interval)
     sagemaker = SageMakerApi(service, scheduler)
