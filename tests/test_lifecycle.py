@@ -342,3 +342,40 @@ def test_artifacts_contain_model_and_output_data(home: Path, service: JobService
     assert members(home, record.model_artifacts) == {"sub/w.bin": b"\x00\x01"}
     out = members(home, "s3://out/jobs/arts/output/output.tar.gz")
     assert out == {"report.txt": b"ok"}
+
+
+SYNC_DURING_RUN = """
+import os, pathlib, time
+ckpt = pathlib.Path(os.environ['SAGEMAKER_BASE_DIR']) / 'checkpoints'
+ckpt.mkdir(parents=True, exist_ok=True)
+(ckpt / 'epoch-1.pt').write_text('weights-1')
+print('written', flush=True)
+time.sleep(120)
+"""
+
+
+def test_checkpoints_sync_while_the_job_runs(home: Path, service: JobService) -> None:
+    service.create(
+        python_job("ckpt-live", SYNC_DURING_RUN, CheckpointConfig={"S3Uri": "s3://ckpt/live"}),
+        runner="process",
+    )
+    synced = home / "store" / "ckpt" / "live" / "epoch-1.pt"
+    wait_until(synced.exists, timeout=30, what="checkpoint synced during the run")
+    assert service.get("ckpt-live").status == "InProgress"
+    assert synced.read_text() == "weights-1"
+    service.stop("ckpt-live")
+    assert wait_for(service, "ckpt-live").status == "Stopped"
+
+
+def test_download_progress_is_reported(tmp_path: Path) -> None:
+    from trainport.store.local import LocalStore
+    from trainport.store.transfer import Transfer, download_all
+
+    store = LocalStore(tmp_path / "store")
+    for i in range(20):
+        store.put_bytes("b", f"k{i}", b"x" * 1000)
+    seen: list[tuple[int, int, int, int]] = []
+    items = [Transfer("b", f"k{i}", tmp_path / "out" / f"k{i}", 1000) for i in range(20)]
+    stats = download_all(store, items, workers=4, on_progress=lambda *a: seen.append(a))
+    assert stats.objects == 20 and stats.bytes == 20_000
+    assert seen[-1] == (20, 20, 20_000, 20_000)

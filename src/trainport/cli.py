@@ -240,6 +240,7 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
     from trainport.jobs.status import Status
 
     seen_transitions = 0
+    last_message = ""
     interrupted = 0
     original = signal.getsignal(signal.SIGINT)
 
@@ -262,7 +263,11 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
                 record = service.get(name)
                 for t in record.transitions[seen_transitions:]:
                     _echo_err(f"[trainport] {t.status}: {t.message}")
+                    last_message = t.message
                 seen_transitions = len(record.transitions)
+                if record.status_message != last_message:  # progress within a phase
+                    _echo_err(f"[trainport] {record.secondary_status}: {record.status_message}")
+                    last_message = record.status_message
                 last_check = now
             try:
                 _, text = next(lines)

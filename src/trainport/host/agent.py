@@ -8,6 +8,7 @@ the training process group, waits the grace period, then sends SIGKILL.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -34,7 +35,7 @@ from trainport.host.checkpoints import CheckpointSync
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
 from trainport.host.metrics import MetricParser
 from trainport.jobs.records import MetricPoint
-from trainport.jobs.status import Event, Finished, Phase
+from trainport.jobs.status import Event, Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
 from trainport.spec import JobSpec
 from trainport.store.api import ObjectStore, S3Uri
@@ -216,6 +217,7 @@ class HostAgent:
                 layout.channel_dir(channel.name),
                 workers=self.settings.download_workers,
                 label=f"channel {channel.name}",
+                on_progress=functools.partial(self._download_progress, channel.name),
             )
             log.info(
                 "channel %s: %d objects, %.1f MiB in %.2f s",
@@ -255,6 +257,18 @@ class HostAgent:
                 self._streams.pop().close()
             except Exception:  # closing one must not keep the others open
                 log.exception("closing a channel stream failed")
+
+    def _download_progress(
+        self, channel: str, objects: int, total_objects: int, done: int, total: int
+    ) -> None:
+        percent = 100 * done / total if total else 100.0
+        self.emit(
+            Progress(
+                f"Downloading input data: channel {channel} {percent:.0f}% "
+                f"({objects}/{total_objects} objects, {done / (1 << 20):.1f}/"
+                f"{total / (1 << 20):.1f} MiB)"
+            )
+        )
 
     def _base_env(self, base_dir: str) -> dict[str, str]:
         spec = self.plan.spec

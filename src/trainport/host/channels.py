@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from trainport.errors import ValidationError
 from trainport.spec import ChannelSpec
 from trainport.store.api import ObjectStore, S3Uri
-from trainport.store.transfer import Transfer, TransferStats, download_all
+from trainport.store.transfer import Progress, Transfer, TransferStats, download_all
 
 __all__ = [
     "ChannelObject",
@@ -221,7 +221,10 @@ def stage_file_channel(
     workers: int,
     progress: bool = False,
     label: str = "download",
+    on_progress: Progress | None = None,
 ) -> TransferStats:
     dest.mkdir(parents=True, exist_ok=True)
     items = [Transfer(o.bucket, o.key, dest / o.rel_path, o.size) for o in objects]
-    return download_all(store, items, workers=workers, label=label, progress=progress)
+    return download_all(
+        store, items, workers=workers, label=label, progress=progress, on_progress=on_progress
+    )

@@ -24,6 +24,7 @@ __all__ = [
     "Event",
     "Finished",
     "Phase",
+    "Progress",
     "Status",
     "StopRequested",
     "advance",
@@ -51,6 +52,13 @@ class Phase:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """News within the current phase (download progress): only the status message changes."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class StopRequested:
     reason: str  # "user" | "max_runtime"
     message: str
@@ -64,7 +72,7 @@ class Finished:
     failure_reason: str | None = None
 
 
-Event = Phase | StopRequested | Finished
+Event = Phase | Progress | StopRequested | Finished
 
 
 def _with_secondary(record: JobRecord, secondary: str, message: str, now: float) -> JobRecord:
@@ -88,6 +96,10 @@ def advance(record: JobRecord, event: Event, now: float) -> JobRecord:
     status = Status(record.status)
     if status.terminal:
         return record
+    if isinstance(event, Progress):
+        if status is Status.STOPPING:
+            return record
+        return dataclasses.replace(record, status_message=event.message, last_modified_time=now)
     if isinstance(event, Phase):
         if status is Status.STOPPING:
             return record  # uploading after a stop is part of stopping, not a new phase

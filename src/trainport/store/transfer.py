@@ -16,7 +16,11 @@ from typing import Any
 
 from trainport.store.api import ObjectStore
 
-__all__ = ["Transfer", "TransferStats", "download_all", "upload_all"]
+__all__ = ["Progress", "Transfer", "TransferStats", "download_all", "upload_all"]
+
+#: Called with (objects done, objects in all, bytes done, bytes in all), at most twice a second.
+Progress = Callable[[int, int, int, int], None]
+_PROGRESS_EVERY = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +58,13 @@ def _run_all(
     workers: int,
     label: str,
     progress: bool,
+    on_progress: Progress | None = None,
 ) -> TransferStats:
     start = time.monotonic()
     total = sum(t.size for t in items)
     done_bytes = 0
+    done_objects = 0
+    last_report = start
     bar = _progress_bar(total, label) if progress else None
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
@@ -68,8 +75,14 @@ def _run_all(
                 for fut in finished:
                     n = fut.result()  # re-raises the first failure; the pool drains the rest
                     done_bytes += n
+                    done_objects += 1
                     if bar is not None:
                         bar.update(n)
+                if on_progress is not None and (
+                    not pending or time.monotonic() - last_report >= _PROGRESS_EVERY
+                ):
+                    on_progress(done_objects, len(items), done_bytes, total)
+                    last_report = time.monotonic()
     finally:
         if bar is not None:
             bar.close()
@@ -92,6 +105,7 @@ def download_all(
     workers: int = 16,
     label: str = "download",
     progress: bool = False,
+    on_progress: Progress | None = None,
 ) -> TransferStats:
     return _run_all(
         items,
@@ -99,6 +113,7 @@ def download_all(
         workers=workers,
         label=label,
         progress=progress,
+        on_progress=on_progress,
     )
 
 
@@ -109,9 +124,12 @@ def upload_all(
     workers: int = 16,
     label: str = "upload",
     progress: bool = False,
+    on_progress: Progress | None = None,
 ) -> TransferStats:
     def one(t: Transfer) -> int:
         store.upload(t.path, t.bucket, t.key)
         return t.path.stat().st_size
 
-    return _run_all(items, one, workers=workers, label=label, progress=progress)
+    return _run_all(
+        items, one, workers=workers, label=label, progress=progress, on_progress=on_progress
+    )
