@@ -92,7 +92,10 @@ def fetch(file: DataFile, cache: Path) -> Path:
     from trainport.store import S3Uri, open_store
 
     uri = S3Uri.parse(file.uri)
-    dest = cache / uri.bucket / uri.key
+    dest = (cache / uri.bucket / uri.key).resolve()
+    if not dest.is_relative_to(cache.resolve()):
+        # A key like "../x" must not write outside the worker's cache.
+        raise ValidationError(f"data file {file.uri!r}: its key leaves the download folder")
     if not dest.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
         open_store(load_settings()).download(uri.bucket, uri.key, dest)
