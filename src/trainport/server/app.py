@@ -64,6 +64,17 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # Small responses go out at once, not after the peer's delayed ACK (40 ms).
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        db = self.server.service.db
+        if isinstance(db, ThreadConnectionDB):
+            db.hold()
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            db = self.server.service.db
+            if isinstance(db, ThreadConnectionDB):
+                db.release()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
