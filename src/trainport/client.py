@@ -59,6 +59,7 @@ def record_from_describe(doc: dict[str, Any]) -> JobRecord:
         creation_time=_epoch(doc.get("CreationTime")) or 0.0,
         status=doc["TrainingJobStatus"],
         secondary_status=doc.get("SecondaryStatus", ""),
+        status_message=(doc.get("SecondaryStatusTransitions") or [{}])[-1].get("StatusMessage", ""),
         last_modified_time=_epoch(doc.get("LastModifiedTime")) or 0.0,
         transitions=tuple(
             Transition(
