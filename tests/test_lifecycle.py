@@ -251,7 +251,7 @@ def test_sandbox_hides_other_jobs_and_resolves_algo_1(home: Path, service: JobSe
     )
     service.create(python_job("hidden", code), runner="sandbox")
     assert wait_for(service, "hidden").status == "Completed"
-    assert [line for _, line in service.logs("hidden")] == ["127.0.0.1", "[]", "[]"]
+    assert [line for _, line in service.logs("hidden")] == ["127.0.0.2", "[]", "[]"]
 
 
 def test_supervisor_killed_mid_job_is_marked_failed_and_training_stopped(

@@ -20,7 +20,7 @@ from typing import Any
 from trainport.errors import ValidationError
 from trainport.store.api import S3Uri
 
-__all__ = ["EXTENSION_TAGS", "ChannelSpec", "JobSpec", "parse_request"]
+__all__ = ["EXTENSION_TAGS", "ChannelSpec", "InstanceGroup", "JobSpec", "parse_request"]
 
 DEFAULT_MAX_RUNTIME = 86400
 DEFAULT_CHECKPOINT_PATH = "/opt/ml/checkpoints"
@@ -32,7 +32,20 @@ EXTENSION_TAGS = {
     "trainport:stop-grace-seconds": "seconds between SIGTERM and SIGKILL on stop (default 120)",
     "trainport:pipe-workers": "P: each Pipe channel becomes P per-worker FIFO series "
     "<channel>_w<k>_<epoch> holding disjoint shards (docs/pipe-mode.md)",
+    "trainport:distribution": "torchrun: launch the script-mode entry point with torchrun on "
+    "every host (as the hyperparameter sagemaker_torch_distributed_enabled does)",
+    "trainport:processes-per-host": "P: torchrun's --nproc_per_node (default: the host's GPU "
+    "count, else 1)",
 }
+
+MAX_HOSTS = 64
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    name: str
+    instance_type: str
+    count: int
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,39 @@ class JobSpec:
     checkpoint_uri: str | None
     checkpoint_local_path: str
     tags: dict[str, str] = field(default_factory=dict)
+    instance_groups: tuple[InstanceGroup, ...] = ()
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """algo-1 .. algo-N, in the order SageMaker names them."""
+        return tuple(f"algo-{k}" for k in range(1, self.instance_count + 1))
+
+    def group_of(self, host: str) -> InstanceGroup:
+        """The instance group a host belongs to (groups take hosts in order)."""
+        if not self.instance_groups:
+            return InstanceGroup("homogeneousCluster", self.instance_type, self.instance_count)
+        index = int(host.split("-")[1]) - 1
+        for group in self.instance_groups:
+            if index < group.count:
+                return group
+            index -= group.count
+        raise ValueError(f"{host} is outside the job's {self.instance_count} hosts")
+
+    def group_hosts(self, group: InstanceGroup) -> tuple[str, ...]:
+        return tuple(h for h in self.hosts if self.group_of(h).name == group.name)
+
+    @property
+    def torch_distributed(self) -> bool:
+        flag = self.hyperparameters.get("sagemaker_torch_distributed_enabled", "")
+        return (
+            flag.strip('"').lower() == "true"
+            or self.tags.get("trainport:distribution") == "torchrun"
+        )
+
+    @property
+    def processes_per_host(self) -> int | None:
+        raw = self.tags.get("trainport:processes-per-host")
+        return int(raw) if raw is not None else None
 
     @property
     def runner(self) -> str | None:
@@ -218,16 +264,20 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
     output = request["OutputDataConfig"]["S3OutputPath"]
     S3Uri.parse(output, field="OutputDataConfig.S3OutputPath")
     resources = request.get("ResourceConfig") or {}
-    if resources.get("InstanceGroups"):
+    groups = tuple(
+        InstanceGroup(g["InstanceGroupName"], g["InstanceType"], int(g["InstanceCount"]))
+        for g in resources.get("InstanceGroups") or ()
+    )
+    if groups:
+        if len({g.name for g in groups}) != len(groups):
+            raise ValidationError("ResourceConfig.InstanceGroups: group names must be unique")
+        count = sum(g.count for g in groups)
+    else:
+        count = int(resources.get("InstanceCount", 1))
+    if not 1 <= count <= MAX_HOSTS:
         raise ValidationError(
-            "ResourceConfig.InstanceGroups: heterogeneous clusters are not available in this "
-            "version of trainport; use InstanceCount 1"
-        )
-    count = int(resources.get("InstanceCount", 1))
-    if count != 1:
-        raise ValidationError(
-            f"ResourceConfig.InstanceCount is {count}; this version of trainport runs "
-            "single-host jobs (InstanceCount 1)"
+            f"ResourceConfig: {count} hosts asked for; trainport runs 1 to {MAX_HOSTS} hosts "
+            "of a job on this machine"
         )
     checkpoint = request.get("CheckpointConfig") or {}
     if checkpoint:
@@ -251,6 +301,16 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
                 f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "
                 "processes from 1 to 1024"
             )
+        if key == "trainport:distribution" and value != "torchrun":
+            raise ValidationError(
+                f"Tags: trainport:distribution={value!r}; the one kind is torchrun"
+            )
+        if key == "trainport:processes-per-host" and not (
+            value.isdigit() and 1 <= int(value) <= 64
+        ):
+            raise ValidationError(
+                f"Tags: trainport:processes-per-host={value!r} must be a whole number from 1 to 64"
+            )
         if key == "trainport:stop-grace-seconds":
             try:
                 if float(value) < 0:
@@ -272,6 +332,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         output_path=output,
         instance_type=resources.get("InstanceType", "local"),
         instance_count=count,
+        instance_groups=groups,
         max_runtime_seconds=int(
             (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
         ),

@@ -11,16 +11,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainport.config import Settings
-from trainport.errors import TrainportError
+from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
 from trainport.host import pipe
 from trainport.host.artifacts import upload_artifacts
@@ -58,9 +59,16 @@ class HostPlan:
     hosts: tuple[str, ...]
     job_dir: Path
 
+    # Each host's address, as every host's /etc/hosts maps it: 127.0.0.(k+1) for algo-k.
+    addresses: dict[str, str] = field(default_factory=dict)
+    network_interface: str = "lo"
+    # Multi-host jobs merge every host's model folder into one archive: the supervisor
+    # uploads once all hosts are done, not each agent.
+    upload_artifacts: bool = True
+
     @property
     def host_index(self) -> int:
-        return sorted(self.hosts).index(self.host)
+        return self.hosts.index(self.host)
 
     @property
     def layout(self) -> HostLayout:
@@ -80,6 +88,9 @@ def _gpu_count() -> int:
         return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
     except OSError:
         return 0
+
+
+TORCHRUN_PORT = 7777
 
 
 class _Stopped(Exception):
@@ -175,8 +186,10 @@ class HostAgent:
         plan, spec = self.plan, self.plan.spec
         layout.create()
         plan.log_path.parent.mkdir(parents=True, exist_ok=True)
-        addresses = {h: f"127.0.0.{i + 1}" for i, h in enumerate(sorted(plan.hosts))}
-        plan.hosts_file.write_text(hosts_file_text(addresses))
+        # The machine's own name maps to this host's address, so code that resolves its
+        # hostname inside the sandbox finds itself.
+        own = {socket.gethostname(): plan.addresses.get(plan.host, "127.0.0.1")}
+        plan.hosts_file.write_text(hosts_file_text({**own, **plan.addresses}))
         layout.write_configs(
             spec.hyperparameters,
             {c.name: c.input_data_config_entry() for c in spec.channels},
@@ -184,7 +197,14 @@ class HostAgent:
         )
 
     def _resource_config(self) -> dict[str, object]:
-        return resource_config(self.plan.host, list(self.plan.hosts), self.plan.spec.instance_type)
+        spec = self.plan.spec
+        groups = {spec.group_of(h) for h in spec.hosts}
+        ordered = sorted(groups, key=lambda g: spec.hosts.index(spec.group_hosts(g)[0]))
+        return resource_config(
+            self.plan.host,
+            [(g.name, g.instance_type, list(spec.group_hosts(g))) for g in ordered],
+            self.plan.network_interface,
+        )
 
     def _stage_channels(self, layout: HostLayout) -> None:
         plan = self.plan
@@ -280,6 +300,10 @@ class HostAgent:
         env["TRAINING_JOB_ARN"] = self.plan.arn
         env["SAGEMAKER_BASE_DIR"] = base_dir
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Collective libraries pick their interface from the hostname, which resolves to
+        # the machine's address, not the host's: name the host's interface instead.
+        env.setdefault("GLOO_SOCKET_IFNAME", self.plan.network_interface)
+        env.setdefault("NCCL_SOCKET_IFNAME", self.plan.network_interface)
         if spec.pipe_workers:
             env["TRAINPORT_PIPE_WORKERS"] = str(spec.pipe_workers)
         return env
@@ -319,7 +343,30 @@ class HostAgent:
         merged = {**env, **sm_env}
         if env.get("PYTHONPATH"):  # the code folder first, the request's own paths after
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
+        if spec.torch_distributed:
+            argv = self._torchrun(argv, python)
         return commands.Command(tuple(argv), f"{base_dir}/code", merged)
+
+    def _torchrun(self, argv: list[str], python: str) -> list[str]:
+        """The script-mode command under torchrun, as SageMaker's PyTorch containers run it."""
+        plan, spec = self.plan, self.plan.spec
+        if len(argv) < 2 or argv[0] != python or not argv[1].endswith(".py"):
+            raise ValidationError(
+                "torch distributed training needs a Python entry point (sagemaker_program "
+                f"ending in .py); this job would run {argv[:2]}"
+            )
+        per_host = spec.processes_per_host or _gpu_count() or 1
+        # Under the process runner nothing maps algo-1 in /etc/hosts: use its address.
+        master = "algo-1" if self.runner.name == "sandbox" else plan.addresses["algo-1"]
+        return [
+            python, "-m", "torch.distributed.run",
+            "--nnodes", str(len(plan.hosts)),
+            "--nproc_per_node", str(per_host),
+            "--master_addr", master,
+            "--master_port", str(TORCHRUN_PORT),
+            "--node_rank", str(plan.host_index),
+            *argv[1:],
+        ]  # fmt: skip
 
     # -- training -------------------------------------------------------------------------
 
@@ -422,9 +469,14 @@ class HostAgent:
             except TrainportError as exc:
                 problems.append(f"checkpoint upload failed: {exc}")
         try:
-            self.model_uri = upload_artifacts(
-                self.store, spec.output_path, spec.name, layout.model_dir, layout.output_data_dir
-            )
+            if self.plan.upload_artifacts:
+                self.model_uri = upload_artifacts(
+                    self.store,
+                    spec.output_path,
+                    spec.name,
+                    layout.model_dir,
+                    layout.output_data_dir,
+                )
         except TrainportError as exc:
             problems.append(f"artifact upload failed: {exc}")
         if problems and result.exit_code == 0:

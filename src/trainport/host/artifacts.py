@@ -6,11 +6,12 @@ import logging
 import os
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from trainport.store.api import ObjectStore, S3Uri
 
-__all__ = ["artifact_prefix", "pack_dir", "upload_artifacts"]
+__all__ = ["artifact_prefix", "pack_dir", "pack_merged", "upload_artifacts", "upload_merged"]
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +46,51 @@ def upload_artifacts(
             store.upload(archive, target.bucket, target.key)
             log.info("uploaded %s (%d bytes)", target, archive.stat().st_size)
     return str(prefix.child("model.tar.gz"))
+
+
+def pack_merged(sources: Sequence[tuple[str, Path]], target: Path) -> list[str]:
+    """Tar+gzip several hosts' folders as one tree, hosts in order.
+
+    A path written by more than one host is kept from the first host that has it (the
+    lowest-numbered: algo-1 before algo-2), so the result does not depend on timing.
+    Returns one line per such path, naming the hosts that wrote it.
+    """
+    owners: dict[str, list[str]] = {}
+    with tarfile.open(target, "w:gz", compresslevel=1) as tar:
+        for host, folder in sources:
+            if not folder.is_dir():
+                continue
+            for dirpath, dirnames, filenames in os.walk(folder):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    path = Path(dirpath) / name
+                    rel = str(path.relative_to(folder))
+                    owners.setdefault(rel, []).append(host)
+                    if len(owners[rel]) == 1:
+                        tar.add(path, arcname=rel, recursive=False)
+    return [
+        f"{rel} ({', '.join(hosts)})" for rel, hosts in sorted(owners.items()) if len(hosts) > 1
+    ]
+
+
+def upload_merged(
+    store: ObjectStore,
+    output_path: str,
+    job: str,
+    model_dirs: Sequence[tuple[str, Path]],
+    output_dirs: Sequence[tuple[str, Path]],
+) -> tuple[str, list[str]]:
+    """Pack every host's model and output folders into one model.tar.gz and one
+    output.tar.gz; returns the model URI and the model paths written by several hosts."""
+    prefix = artifact_prefix(output_path, job)
+    with tempfile.TemporaryDirectory(prefix="trainport-artifacts-") as tmp:
+        conflicts: list[str] = []
+        for name, sources in (("model.tar.gz", model_dirs), ("output.tar.gz", output_dirs)):
+            archive = Path(tmp) / name
+            clashes = pack_merged(sources, archive)
+            if name == "model.tar.gz":
+                conflicts = clashes
+            target = prefix.child(name)
+            store.upload(archive, target.bucket, target.key)
+            log.info("uploaded %s (%d bytes)", target, archive.stat().st_size)
+    return str(prefix.child("model.tar.gz")), conflicts

@@ -80,19 +80,36 @@ class HostLayout:
 
 
 def resource_config(
-    current_host: str, hosts: list[str], instance_type: str, group: str = "homogeneousCluster"
+    current_host: str,
+    groups: list[tuple[str, str, list[str]]],
+    network_interface: str = "lo",
 ) -> dict[str, Any]:
-    ordered = sorted(hosts)
+    """resourceconfig.json for ``current_host``; ``groups`` is (name, instance type, hosts)
+    for every instance group, in order (one "homogeneousCluster" without InstanceGroups)."""
+    hosts = sorted((h for _, _, members in groups for h in members), key=_host_number)
+    current = next(g for g in groups if current_host in g[2])
     return {
         "current_host": current_host,
-        "current_instance_type": instance_type,
-        "current_group_name": group,
-        "hosts": ordered,
+        "current_instance_type": current[1],
+        "current_group_name": current[0],
+        "hosts": hosts,
         "instance_groups": [
-            {"instance_group_name": group, "instance_type": instance_type, "hosts": ordered}
+            {
+                "instance_group_name": name,
+                "instance_type": kind,
+                "hosts": sorted(members, key=_host_number),
+            }
+            for name, kind, members in groups
         ],
-        "network_interface_name": "lo",
+        "network_interface_name": network_interface,
     }
+
+
+def _host_number(host: str) -> tuple[str, int]:
+    # algo-2 before algo-10: SageMaker's hosts list is in host order, which for up to nine
+    # hosts is also the lexicographic order its documentation promises.
+    prefix, _, number = host.rpartition("-")
+    return (prefix, int(number)) if number.isdigit() else (host, 0)
 
 
 def hosts_file_text(addresses: dict[str, str]) -> str:

@@ -57,6 +57,7 @@ class JobRecord:
     # (pid, the process's start time in clock ticks since boot, boot id).
     supervisor: tuple[int, int, str] | None = None
     training_pgid: int | None = None
+    training_pgids: tuple[int, ...] = ()  # one process group per host
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:
@@ -68,6 +69,7 @@ class JobRecord:
         doc["transitions"] = tuple(Transition(**t) for t in doc.get("transitions", ()))
         doc["final_metrics"] = tuple(MetricPoint(**m) for m in doc.get("final_metrics", ()))
         doc["notes"] = tuple(doc.get("notes", ()))
+        doc["training_pgids"] = tuple(doc.get("training_pgids", ()))
         if doc.get("supervisor") is not None:
             doc["supervisor"] = tuple(doc["supervisor"])
         return cls(**doc)

@@ -27,7 +27,7 @@ from typing import Any
 from trainport.config import Settings, load_settings
 from trainport.errors import ResourceInUseError, ValidationError
 from trainport.host import command as commands
-from trainport.host.artifacts import upload_artifacts
+from trainport.host.artifacts import upload_merged
 from trainport.host.channels import resolve_channel
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB, ListQuery
@@ -247,7 +247,8 @@ class JobService:
 
     def _end_orphan(self, record: JobRecord) -> None:
         pid = record.supervisor[0] if record.supervisor else None
-        killed = _stop_group(record.training_pgid, record.arn)
+        groups = record.training_pgids or ((record.training_pgid,) if record.training_pgid else ())
+        killed = any([_stop_group(pgid, record.arn) for pgid in groups])
         reason = (
             f"InternalServerError: trainport's supervisor of this job (pid {pid}) ended "
             "without finishing it (it was killed or crashed)"
@@ -258,15 +259,16 @@ class JobService:
         log.warning("job %s: %s", record.name, reason)
         model_uri = None
         if record.job_dir:
-            root = Path(record.job_dir) / "hosts" / "algo-1"
+            # What the hosts' model folders hold is all that is left of the job: keep it.
             with contextlib.suppress(Exception):
                 spec = parse_request(record.request, validate=False)
-                model_uri = upload_artifacts(
+                roots = [(h, Path(record.job_dir) / "hosts" / h) for h in spec.hosts]
+                model_uri, _ = upload_merged(
                     self.store,
                     spec.output_path,
                     spec.name,
-                    root / "model",
-                    root / "output" / "data",
+                    [(h, root / "model") for h, root in roots],
+                    [(h, root / "output" / "data") for h, root in roots],
                 )
 
         def end(r: JobRecord) -> JobRecord:
@@ -282,11 +284,13 @@ class JobService:
     def log_path(self, name: str, host: str = "algo-1") -> Path:
         return self.settings.jobs_dir / name / "logs" / f"{host}.log"
 
-    def logs(self, name: str, *, follow: bool = False, poll: float = 0.1) -> Iterator[LogLine]:
-        """The job's log lines with their timestamps; ``follow`` waits for more until the
+    def logs(
+        self, name: str, *, follow: bool = False, poll: float = 0.1, host: str = "algo-1"
+    ) -> Iterator[LogLine]:
+        """One host's log lines with their timestamps; ``follow`` waits for more until the
         job has ended and every line is read."""
         self.db.get(name)
-        path = self.log_path(name)
+        path = self.log_path(name, host)
         offset = 0
         buffer = b""
         while True:

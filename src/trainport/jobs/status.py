@@ -99,7 +99,15 @@ def advance(record: JobRecord, event: Event, now: float) -> JobRecord:
     if isinstance(event, Progress):
         if status is Status.STOPPING:
             return record
-        return dataclasses.replace(record, status_message=event.message, last_modified_time=now)
+        transitions = list(record.transitions)
+        if transitions and transitions[-1].end_time is None:
+            transitions[-1] = dataclasses.replace(transitions[-1], message=event.message)
+        return dataclasses.replace(
+            record,
+            status_message=event.message,
+            transitions=tuple(transitions),
+            last_modified_time=now,
+        )
     if isinstance(event, Phase):
         if status is Status.STOPPING:
             return record  # uploading after a stop is part of stopping, not a new phase

@@ -16,16 +16,19 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from trainport.config import Settings, load_settings
+from trainport.errors import TrainportError
 from trainport.host.agent import HostAgent, HostPlan
+from trainport.host.artifacts import upload_merged
 from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
-from trainport.jobs.status import Event, Finished, Status, StopRequested, advance
+from trainport.jobs.status import Event, Finished, Phase, Progress, Status, StopRequested, advance
 from trainport.runners.api import select_runner
-from trainport.spec import parse_request
-from trainport.store.api import open_store
+from trainport.spec import JobSpec, parse_request
+from trainport.store.api import ObjectStore, open_store
 
 __all__ = ["supervise"]
 
@@ -43,6 +46,18 @@ def _expire(record: JobRecord, event: StopRequested) -> JobRecord:
     return advance(record, event, time.time())
 
 
+def host_addresses(hosts: tuple[str, ...]) -> dict[str, str]:
+    """algo-k listens on 127.0.0.(k+1): every host of a job has its own loopback address."""
+    return {h: f"127.0.0.{int(h.rsplit('-', 1)[1]) + 1}" for h in hosts}
+
+
+def _host_outcome(finished: Finished, host: str, multi: bool) -> Finished:
+    if not multi or finished.exit_code == 0:
+        return finished
+    reason = finished.failure_reason or f"AlgorithmError: , exit code: {finished.exit_code}"
+    return Finished(finished.exit_code, f"{host}: {reason}")
+
+
 def supervise(name: str, settings: Settings) -> int:
     db = JobDB(settings.db_path)
     record = db.get(name)
@@ -51,7 +66,6 @@ def supervise(name: str, settings: Settings) -> int:
     if grace is None:
         grace = settings.stop_grace_seconds
     wake = threading.Event()
-
     terminate_signal = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -62,68 +76,154 @@ def supervise(name: str, settings: Settings) -> int:
     signal.signal(signal.SIGUSR1, on_signal)  # the service wrote a stop request: look now
     signal.signal(signal.SIGTERM, on_signal)
 
+    hosts = spec.hosts
+    multi = len(hosts) > 1
+
     def emit(event: Event) -> None:
+        # With several hosts the job uploads once all of them are done: one host's
+        # "Uploading" would say so too early.
+        if multi and isinstance(event, Phase) and event.secondary == "Uploading":
+            return
         db.update(name, lambda r: advance(r, event, time.time()))
 
     def on_started(pgid: int) -> None:
-        db.update(name, lambda r: dataclasses.replace(r, training_pgid=pgid))
+        db.update(
+            name,
+            lambda r: dataclasses.replace(
+                r, training_pgid=r.training_pgid or pgid, training_pgids=(*r.training_pgids, pgid)
+            ),
+        )
 
-    plan = HostPlan(spec, record.arn, "algo-1", ("algo-1",), settings.jobs_dir / name)
-    agent = HostAgent(
-        plan,
-        store=open_store(settings),
-        runner=select_runner(record.runner, verified=True),
-        settings=settings,
-        emit=emit,
-        on_metrics=lambda pts: db.add_metrics(name, pts),
-        on_started=on_started,
-    )
-    outcome: list[Finished] = []
+    def metrics_sink(host: str) -> Callable[[list[MetricPoint]], None]:
+        # FinalMetricDataList and the metric series come from algo-1, as on SageMaker
+        # where the first host's log feeds the job's metrics.
+        if host == hosts[0]:
+            return lambda pts: db.add_metrics(name, pts)
+        return lambda pts: None
 
-    def run_agent() -> None:
+    store = open_store(settings)
+    runner = select_runner(record.runner, verified=True)
+    addresses = host_addresses(hosts)
+    agents = {
+        host: HostAgent(
+            HostPlan(
+                spec,
+                record.arn,
+                host,
+                hosts,
+                settings.jobs_dir / name,
+                addresses=addresses,
+                upload_artifacts=not multi,
+            ),
+            store=store,
+            runner=runner,
+            settings=settings,
+            emit=emit,
+            on_metrics=metrics_sink(host),
+            on_started=on_started,
+        )
+        for host in hosts
+    }
+    outcomes: dict[str, Finished] = {}
+
+    def run_agent(host: str) -> None:
         try:
-            outcome.append(agent.run())
+            outcomes[host] = agents[host].run()
+        except BaseException as exc:  # never leave the job without an outcome
+            outcomes[host] = Finished(None, f"InternalError: host agent failed: {exc}")
         finally:
-            wake.set()  # end the policy loop at once, not at its next tick
+            wake.set()  # decide at once, not at the loop's next tick
 
-    worker = threading.Thread(target=run_agent, name="host-agent")
-    worker.start()
+    workers = [threading.Thread(target=run_agent, args=(h,), name=f"agent-{h}") for h in hosts]
+    for worker in workers:
+        worker.start()
     # Runtime counts from when the job leaves the queue and starts, as SageMaker bills it.
     deadline = time.time() + spec.max_runtime_seconds
     terminating = False
-    while worker.is_alive():
+    failed_host: str | None = None
+    while any(w.is_alive() for w in workers):
         wake.wait(_POLL)
         wake.clear()
-        if terminating or not worker.is_alive():
+        if terminating:
             continue
+        if failed_host is None:
+            failed_host = next(
+                (h for h in hosts if h in outcomes and outcomes[h].exit_code != 0), None
+            )
+            if failed_host is not None and multi:
+                log.info("host %s failed; stopping the other hosts", failed_host)
+                for host, agent in agents.items():
+                    if host != failed_host:
+                        agent.terminate(grace)
         current = db.get(name)
         if terminate_signal.is_set() and current.status == Status.IN_PROGRESS.value:
             # SIGTERM straight to the supervisor (not via the service) is a stop too.
-            current = db.update(
-                name,
-                lambda r: advance(
-                    r, StopRequested("user", "Stopping the training job"), time.time()
-                ),
-            )
+            user_stop = StopRequested("user", "Stopping the training job")
+            current = db.update(name, functools.partial(_expire, event=user_stop))
         if current.status != Status.STOPPING.value and time.time() >= deadline:
             message = f"MaxRuntimeInSeconds ({spec.max_runtime_seconds} s) exceeded; stopping"
             expired = StopRequested("max_runtime", message)
             current = db.update(name, functools.partial(_expire, event=expired))
         if current.status == Status.STOPPING.value:
             log.info("stopping job %s (grace %.0f s)", name, grace)
-            agent.terminate(grace)
+            for agent in agents.values():
+                agent.terminate(grace)
             terminating = True
-    worker.join()
-    finished = outcome[0] if outcome else Finished(None, "InternalError: the host agent died")
+    for worker in workers:
+        worker.join()
+    failed_host = failed_host or next((h for h in hosts if outcomes[h].exit_code != 0), None)
+    finished = (
+        _host_outcome(outcomes[failed_host], failed_host, multi)
+        if failed_host
+        else Finished(0, None)
+    )
+    model_uri = agents[hosts[0]].model_uri
+    if multi:
+        model_uri, finished = _upload_merged(db, name, spec, store, agents, finished)
     metrics = _final_metrics(db, name)
 
     def finish(r: JobRecord) -> JobRecord:
         done = advance(r, finished, time.time())
-        return dataclasses.replace(done, model_artifacts=agent.model_uri, final_metrics=metrics)
+        return dataclasses.replace(done, model_artifacts=model_uri, final_metrics=metrics)
 
     final = db.update(name, finish)
     log.info("job %s ended %s/%s", name, final.status, final.secondary_status)
     return 0
+
+
+def _upload_merged(
+    db: JobDB,
+    name: str,
+    spec: JobSpec,
+    store: ObjectStore,
+    agents: dict[str, HostAgent],
+    finished: Finished,
+) -> tuple[str | None, Finished]:
+    """Every host's model and output folders as one pair of archives (see pack_merged)."""
+    db.update(
+        name,
+        lambda r: advance(r, Phase("Uploading", "Uploading generated training model"), time.time()),
+    )
+    layouts = [(host, agent.plan.layout) for host, agent in agents.items()]
+    try:
+        uri, conflicts = upload_merged(
+            store,
+            spec.output_path,
+            spec.name,
+            [(h, lay.model_dir) for h, lay in layouts],
+            [(h, lay.output_data_dir) for h, lay in layouts],
+        )
+    except TrainportError as exc:
+        reason = f"ClientError: artifact upload failed: {exc}"
+        return None, finished if finished.exit_code else Finished(1, reason)
+    if conflicts:
+        note = (
+            "Uploading generated training model; files written by several hosts, kept from "
+            "the lowest-numbered host: " + "; ".join(conflicts)
+        )
+        db.update(name, lambda r: advance(r, Progress(note), time.time()))
+        db.update(name, lambda r: dataclasses.replace(r, notes=(*r.notes, note)))
+    return uri, finished
 
 
 def main(argv: list[str] | None = None, settings: Settings | None = None) -> int:

@@ -1,0 +1,256 @@
+"""Multi-host jobs on one machine: algo-1..N, sharding, failure propagation, merged models,
+and torchrun on every host."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import put, python_job, request, require, wait_for
+from trainport.jobs.service import JobService
+from trainport.runners.sandbox import sandbox_problem
+
+REPORT = """
+import json, os, socket
+base = os.environ['SAGEMAKER_BASE_DIR']
+rc = json.load(open(base + '/input/config/resourceconfig.json'))
+me = rc['current_host']
+files = sorted(os.listdir(base + '/input/data/train'))
+resolved = {h: socket.gethostbyname(h) for h in rc['hosts']} if os.path.exists('/opt/ml/input') else {}
+print('REPORT ' + json.dumps({'host': me, 'files': files, 'rc': rc, 'resolved': resolved}), flush=True)
+open(base + f'/model/{me}.txt', 'w').write(me)
+open(base + '/model/common.txt', 'w').write(me)
+"""
+
+
+def sharded(uri: str) -> list[dict[str, object]]:
+    return [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": uri,
+                    "S3DataDistributionType": "ShardedByS3Key",
+                }
+            },
+        }
+    ]
+
+
+def reports(service: JobService, job: str, hosts: int) -> dict[str, dict[str, object]]:
+    out = {}
+    for k in range(1, hosts + 1):
+        lines = [t for _, t in service.logs(job, host=f"algo-{k}") if t.startswith("REPORT ")]
+        (line,) = lines
+        doc = json.loads(line[len("REPORT ") :])
+        out[doc["host"]] = doc
+    return out
+
+
+@pytest.mark.parametrize("runner", ["sandbox", "process"])
+def test_three_hosts_shard_resolve_and_merge(home: Path, service: JobService, runner: str) -> None:
+    if runner == "sandbox":
+        require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
+    for i in range(10):
+        put(home, "data", f"shards/part-{i:02d}", str(i))
+    body = python_job(
+        f"three-{runner}",
+        REPORT,
+        InputDataConfig=sharded("s3://data/shards/"),
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 3, "VolumeSizeInGB": 1},
+    )
+    service.create(body, runner=runner)
+    record = wait_for(service, f"three-{runner}")
+    assert record.status == "Completed", record.failure_reason
+    got = reports(service, f"three-{runner}", 3)
+    assert sorted(got) == ["algo-1", "algo-2", "algo-3"]
+    shards = [set(got[h]["files"]) for h in sorted(got)]  # type: ignore[arg-type]
+    assert set().union(*shards) == {f"part-{i:02d}" for i in range(10)}
+    assert sum(len(s) for s in shards) == 10 and sorted(len(s) for s in shards) == [3, 3, 4]
+    for host, doc in got.items():
+        rc = doc["rc"]
+        assert rc["current_host"] == host  # type: ignore[index]
+        assert rc["hosts"] == ["algo-1", "algo-2", "algo-3"]  # type: ignore[index]
+        if runner == "sandbox":
+            assert doc["resolved"] == {
+                "algo-1": "127.0.0.2",
+                "algo-2": "127.0.0.3",
+                "algo-3": "127.0.0.4",
+            }
+    with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
+        names = sorted(tar.getnames())
+        common = tar.extractfile("common.txt").read()  # type: ignore[union-attr]
+    assert names == ["algo-1.txt", "algo-2.txt", "algo-3.txt", "common.txt"]
+    assert common == b"algo-1"  # the lowest-numbered host's copy wins
+    assert any("common.txt (algo-1, algo-2, algo-3)" in t.message for t in record.transitions)
+    # FinalMetricDataList and logs: each host keeps its own log
+    assert all(
+        (home / "jobs" / f"three-{runner}" / "logs" / f"algo-{k}.log").exists() for k in (1, 2, 3)
+    )
+
+
+FAIL_ON_ALGO_2 = """
+import json, os, signal, sys, time
+base = os.environ['SAGEMAKER_BASE_DIR']
+me = json.load(open(base + '/input/config/resourceconfig.json'))['current_host']
+if me == 'algo-2':
+    time.sleep(1)
+    open(base + '/output/failure', 'w').write('algo-2 ran out of patience')
+    sys.exit(3)
+def on_term(*_):
+    open(base + '/model/terminated.txt', 'w').write(me)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print('waiting', flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_failing_host_stops_the_others_and_is_named(home: Path, service: JobService) -> None:
+    body = python_job(
+        "host-fails",
+        FAIL_ON_ALGO_2,
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 3, "VolumeSizeInGB": 1},
+    )
+    started = time.monotonic()
+    service.create(body, runner="process")
+    record = wait_for(service, "host-fails", timeout=90)
+    assert time.monotonic() - started < 60
+    assert record.status == "Failed"
+    assert record.failure_reason == "algo-2: algo-2 ran out of patience"
+    with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
+        # the survivors got SIGTERM and saved in their grace period (algo-1's copy kept)
+        assert tar.extractfile("terminated.txt").read() == b"algo-1"  # type: ignore[union-attr]
+
+
+def test_stop_reaches_every_host(service: JobService) -> None:
+    code = "import time; print('up', flush=True); time.sleep(300)"
+    body = python_job(
+        "stop-all",
+        code,
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+    )
+    service.create(body, runner="process")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(service.get("stop-all").training_pgids) < 2:
+        time.sleep(0.05)
+    service.stop("stop-all")
+    record = wait_for(service, "stop-all")
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+
+
+def test_instance_groups_in_resourceconfig(home: Path, service: JobService) -> None:
+    put(home, "data", "g/x", "x")
+    body = python_job(
+        "groups",
+        REPORT,
+        InputDataConfig=sharded("s3://data/g/"),
+        ResourceConfig={
+            "InstanceGroups": [
+                {"InstanceGroupName": "leader", "InstanceType": "ml.c5.xlarge", "InstanceCount": 1},
+                {"InstanceGroupName": "workers", "InstanceType": "ml.m5.large", "InstanceCount": 2},
+            ],
+            "VolumeSizeInGB": 1,
+        },
+    )
+    service.create(body, runner="process")
+    assert wait_for(service, "groups").status == "Completed"
+    got = reports(service, "groups", 3)
+    assert got["algo-1"]["rc"]["current_group_name"] == "leader"  # type: ignore[index]
+    assert got["algo-3"]["rc"]["current_instance_type"] == "ml.m5.large"  # type: ignore[index]
+    assert got["algo-2"]["rc"]["instance_groups"] == [  # type: ignore[index]
+        {"instance_group_name": "leader", "instance_type": "ml.c5.xlarge", "hosts": ["algo-1"]},
+        {
+            "instance_group_name": "workers",
+            "instance_type": "ml.m5.large",
+            "hosts": ["algo-2", "algo-3"],
+        },
+    ]
+
+
+DDP_SCRIPT = """
+import os, sys
+import torch
+import torch.distributed as dist
+keys = ['RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT']
+dist.init_process_group('gloo')
+rank = dist.get_rank()
+if os.environ.get('FAIL_RANK') == str(rank):
+    sys.exit(7)
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+# one write per line: two ranks share the host's output pipe
+sys.stdout.write('RANKINFO ' + ' '.join(f'{k}={os.environ[k]}' for k in keys) + f' sum={t.item():g}' + chr(10))
+sys.stdout.flush()
+dist.destroy_process_group()
+"""
+
+
+def torch_job(
+    home: Path, name: str, hosts: int, per_host: int, env: dict[str, str] | None = None
+) -> dict[str, object]:
+    from trainport.host.script_mode import pack_sourcedir
+
+    src = home.parent / f"src-{name}"
+    src.mkdir()
+    (src / "ddp.py").write_text(DDP_SCRIPT)
+    put(home, "code", f"{name}/sourcedir.tar.gz", pack_sourcedir(src, "ddp.py"))
+    return request(
+        name,
+        AlgorithmSpecification={"TrainingImage": "pytorch", "TrainingInputMode": "File"},
+        HyperParameters={
+            "sagemaker_program": '"ddp.py"',
+            "sagemaker_submit_directory": f'"s3://code/{name}/sourcedir.tar.gz"',
+            "sagemaker_torch_distributed_enabled": "true",
+        },
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": hosts, "VolumeSizeInGB": 1},
+        Tags=[
+            {"Key": "trainport:processes-per-host", "Value": str(per_host)},
+            {"Key": "trainport:stop-grace-seconds", "Value": "5"},
+        ],
+        Environment=env or {},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("runner", "hosts", "per_host"), [("sandbox", 2, 1), ("process", 2, 2)])
+def test_torchrun_on_every_host(
+    home: Path, service: JobService, runner: str, hosts: int, per_host: int
+) -> None:
+    pytest.importorskip("torch")
+    if runner == "sandbox":
+        require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
+    service.create(torch_job(home, f"ddp-{runner}", hosts, per_host), runner=runner)
+    record = wait_for(service, f"ddp-{runner}", timeout=180)
+    assert record.status == "Completed", record.failure_reason
+    world = hosts * per_host
+    seen = []
+    for k in range(1, hosts + 1):
+        for _, text in service.logs(f"ddp-{runner}", host=f"algo-{k}"):
+            if "RANKINFO " in text:
+                fields = dict(kv.split("=") for kv in text.split("RANKINFO ")[1].split())
+                seen.append(fields)
+                assert fields["GROUP_RANK"] == str(k - 1)
+                assert fields["WORLD_SIZE"] == str(world)
+                assert fields["LOCAL_WORLD_SIZE"] == str(per_host)
+                assert int(fields["RANK"]) == (k - 1) * per_host + int(fields["LOCAL_RANK"])
+                assert fields["MASTER_PORT"] == "7777"
+                assert fields["MASTER_ADDR"] == ("algo-1" if runner == "sandbox" else "127.0.0.2")
+                assert float(fields["sum"]) == world * (world + 1) / 2
+    assert sorted(int(f["RANK"]) for f in seen) == list(range(world))
+
+
+@pytest.mark.slow
+def test_a_dying_rank_fails_the_job_naming_its_host(home: Path, service: JobService) -> None:
+    pytest.importorskip("torch")
+    service.create(torch_job(home, "ddp-dies", 2, 1, env={"FAIL_RANK": "1"}), runner="process")
+    started = time.monotonic()
+    record = wait_for(service, "ddp-dies", timeout=180)
+    assert record.status == "Failed"
+    assert (record.failure_reason or "").startswith("algo-2: ")
+    assert time.monotonic() - started < 120
