@@ -12,7 +12,8 @@ extras="torch"
 # System packages: bubblewrap for the sandbox runner (as root trainport can also use plain
 # mount namespaces), FUSE for FastFile mode, Chromium for the dashboard tests.
 apt_packages="bubblewrap"
-[ "${1:-}" = "--test" ] && apt_packages="$apt_packages ${TRAINPORT_TEST_APT:-}"
+# The tests also need: FUSE (FastFile mode) and Chromium (the dashboard, driven by playwright).
+[ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium"
 missing=""
 for p in $apt_packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
