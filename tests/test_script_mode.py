@@ -59,7 +59,7 @@ INPUT_DATA_CONFIG = {
         "RecordWrapperType": "RecordIO",
     },
 }
-RESOURCE = resource_config("algo-2", ["algo-2", "algo-1"], "ml.m5.xlarge")
+RESOURCE = resource_config("algo-2", [("homogeneousCluster", "ml.m5.xlarge", ["algo-2", "algo-1"])])
 
 
 def invocation(base_dir: Path, hps: dict[str, str] = HPS) -> tuple[list[str], dict[str, str]]:

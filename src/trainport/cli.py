@@ -104,6 +104,9 @@ def build_request(
     max_run: int | None,
     stop_grace: float | None,
     store: Any,
+    instance_count: int | None = None,
+    torchrun: bool = False,
+    processes_per_host: int | None = None,
 ) -> dict[str, Any]:
     """A CreateTrainingJob request from a job file and/or the convenience flags."""
     from trainport.store.api import S3Uri
@@ -187,9 +190,17 @@ def build_request(
         request["CheckpointConfig"] = {"S3Uri": checkpoint}
     if max_run is not None:
         request.setdefault("StoppingCondition", {})["MaxRuntimeInSeconds"] = max_run
+    tags: list[dict[str, str]] = []
     if stop_grace is not None:
-        tags = request.setdefault("Tags", [])
         tags.append({"Key": "trainport:stop-grace-seconds", "Value": str(stop_grace)})
+    if instance_count is not None:
+        request.setdefault("ResourceConfig", {})["InstanceCount"] = instance_count
+    if torchrun:
+        tags.append({"Key": "trainport:distribution", "Value": "torchrun"})
+    if processes_per_host is not None:
+        tags.append({"Key": "trainport:processes-per-host", "Value": str(processes_per_host)})
+    if tags:
+        request.setdefault("Tags", []).extend(tags)
     return request
 
 
@@ -330,6 +341,11 @@ def cli(verbose: bool, endpoint: str | None) -> None:
 @click.option("--checkpoint", metavar="S3URI", help="CheckpointConfig.S3Uri.")
 @click.option("--max-run", type=int, help="StoppingCondition.MaxRuntimeInSeconds.")
 @click.option("--stop-grace", type=float, help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--instance-count", type=int, help="Hosts of the job (algo-1..N on this machine).")
+@click.option(
+    "--torchrun", is_flag=True, help="Script mode: run the entry with torchrun on every host."
+)
+@click.option("--processes-per-host", type=int, help="torchrun's --nproc_per_node.")
 @click.option("--runner", type=click.Choice(["auto", "sandbox", "process"]), default=None)
 @click.option("--detach", is_flag=True, help="Return once the job is submitted.")
 @_handle_errors
@@ -347,6 +363,9 @@ def run(
     checkpoint: str | None,
     max_run: int | None,
     stop_grace: float | None,
+    instance_count: int | None,
+    torchrun: bool,
+    processes_per_host: int | None,
     runner: str | None,
     detach: bool,
 ) -> None:
@@ -370,12 +389,21 @@ def run(
         max_run=max_run,
         stop_grace=stop_grace,
         store=service.store,
+        instance_count=instance_count,
+        torchrun=torchrun,
+        processes_per_host=processes_per_host,
     )
     arn = service.create(request, runner=runner)
     job = request["TrainingJobName"]
     if detach:
         click.echo(arn)
         return
+    count = (request.get("ResourceConfig") or {}).get("InstanceCount", 1)
+    if count > 1:
+        _echo_err(
+            f"[trainport] streaming algo-1's log; see the others with: trainport jobs logs {job} "
+            "--host algo-K"
+        )
     record = follow_job(service, job)
     _echo_err(_summary(record))
     sys.stdout.flush()
@@ -449,10 +477,11 @@ def stop(name: str, wait: bool) -> None:
 @click.argument("name")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--timestamps", is_flag=True, help="Prefix each line with its time.")
+@click.option("--host", default="algo-1", show_default=True, help="Which host's log.")
 @_handle_errors
-def logs(name: str, follow: bool, timestamps: bool) -> None:
-    """Print a job's log."""
-    for ts, text in _service().logs(name, follow=follow):
+def logs(name: str, follow: bool, timestamps: bool, host: str) -> None:
+    """Print a job's log (one host's)."""
+    for ts, text in _service().logs(name, follow=follow, host=host):
         click.echo(f"{_fmt_time(ts)} {text}" if timestamps else text)
 
 

@@ -180,8 +180,10 @@ class RemoteJobService:
         self._call(self._sm, "stop_training_job", TrainingJobName=name)
         return self.get(name)
 
-    def logs(self, name: str, *, follow: bool = False, poll: float = 0.5) -> Iterator[LogLine]:
-        """The job's log lines (host algo-1) through GetLogEvents' forward tokens."""
+    def logs(
+        self, name: str, *, follow: bool = False, poll: float = 0.5, host: str = "algo-1"
+    ) -> Iterator[LogLine]:
+        """One host's log lines through GetLogEvents' forward tokens."""
         stream: str | None = None
         token: str | None = None
         while True:
@@ -191,7 +193,7 @@ class RemoteJobService:
                     self._logs,
                     "describe_log_streams",
                     logGroupName=_LOG_GROUP,
-                    logStreamNamePrefix=name + "/",
+                    logStreamNamePrefix=f"{name}/{host}-",
                 )["logStreams"]
                 stream = streams[0]["logStreamName"] if streams else None
             while stream is not None:
