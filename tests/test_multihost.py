@@ -254,3 +254,60 @@ def test_a_dying_rank_fails_the_job_naming_its_host(home: Path, service: JobServ
     assert record.status == "Failed"
     assert (record.failure_reason or "").startswith("algo-2: ")
     assert time.monotonic() - started < 120
+
+
+NET_PROBE = """
+import json, os, socket, time
+base = os.environ['SAGEMAKER_BASE_DIR']
+rc = json.load(open(base + '/input/config/resourceconfig.json'))
+me = rc['current_host']
+addrs = {h: socket.gethostbyname(h) for h in rc['hosts']}
+if me == 'algo-1':
+    srv = socket.create_server((addrs['algo-1'], 7000))
+    conn, peer = srv.accept()
+    n = 0
+    start = time.monotonic()
+    while chunk := conn.recv(1 << 16):
+        n += len(chunk)
+    seconds = time.monotonic() - start
+    print('NET ' + json.dumps({'peer': peer[0], 'bytes': n, 'mbit': n * 8 / seconds / 1e6, 'iface': rc['network_interface_name'], 'addrs': addrs}), flush=True)
+else:
+    for _ in range(100):
+        try:
+            s = socket.create_connection((addrs['algo-1'], 7000))
+            break
+        except OSError:
+            time.sleep(0.1)
+    s.sendall(b'x' * (4 << 20))
+    s.close()
+"""
+
+
+def test_namespace_hosts_with_shaped_bandwidth(home: Path, service: JobService) -> None:
+    from trainport.runners.netns import netns_problem
+
+    require(netns_problem() is None, f"no network namespaces: {netns_problem()}")
+    require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
+    body = python_job(
+        "netns",
+        NET_PROBE,
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+        Tags=[
+            {"Key": "trainport:network", "Value": "namespaces"},
+            {"Key": "trainport:host-bandwidth", "Value": "100mbit"},
+        ],
+    )
+    service.create(body, runner="sandbox")
+    record = wait_for(service, "netns", timeout=120)
+    assert record.status == "Completed", record.failure_reason
+    (line,) = [t for _, t in service.logs("netns") if t.startswith("NET ")]
+    got = json.loads(line[4:])
+    assert got["iface"] == "eth0"
+    assert got["addrs"]["algo-1"].startswith("10.") and got["addrs"]["algo-2"].startswith("10.")
+    assert got["peer"] == got["addrs"]["algo-2"]  # the traffic really came from algo-2's interface
+    assert got["bytes"] == 4 << 20
+    assert got["mbit"] < 150  # shaped to 100 Mbit/s (loopback would give tens of Gbit/s)
+    import subprocess
+
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "tp-" not in left  # namespaces removed at the end

@@ -36,6 +36,10 @@ EXTENSION_TAGS = {
     "every host (as the hyperparameter sagemaker_torch_distributed_enabled does)",
     "trainport:processes-per-host": "P: torchrun's --nproc_per_node (default: the host's GPU "
     "count, else 1)",
+    "trainport:network": "loopback (default: host k at 127.0.0.(k+1)) or namespaces (root: "
+    "each host a network namespace on a bridge)",
+    "trainport:host-bandwidth": "with network=namespaces, shape each host's link with tc tbf "
+    "to this rate (e.g. 400mbit)",
 }
 
 MAX_HOSTS = 64
@@ -311,6 +315,17 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             raise ValidationError(
                 f"Tags: trainport:processes-per-host={value!r} must be a whole number from 1 to 64"
             )
+        if key == "trainport:network" and value not in ("loopback", "namespaces"):
+            raise ValidationError(f"Tags: trainport:network={value!r}; use loopback or namespaces")
+        if key == "trainport:host-bandwidth":
+            from trainport.runners.netns import parse_bandwidth
+
+            parse_bandwidth(value)
+            if tags.get("trainport:network") != "namespaces":
+                raise ValidationError(
+                    "Tags: trainport:host-bandwidth needs trainport:network=namespaces "
+                    "(loopback traffic cannot be shaped per host)"
+                )
         if key == "trainport:stop-grace-seconds":
             try:
                 if float(value) < 0:

@@ -62,6 +62,7 @@ class HostPlan:
     # Each host's address, as every host's /etc/hosts maps it: 127.0.0.(k+1) for algo-k.
     addresses: dict[str, str] = field(default_factory=dict)
     network_interface: str = "lo"
+    netns: str | None = None  # set in namespace-network mode: the host's network namespace
     # Multi-host jobs merge every host's model folder into one archive: the supervisor
     # uploads once all hosts are done, not each agent.
     upload_artifacts: bool = True
@@ -384,6 +385,7 @@ class HostAgent:
             env=cmd.env,
             cwd=cmd.cwd,
             hide=(self.settings.jobs_dir, self.settings.store_root),
+            netns=self.plan.netns,
         )
         for folder in placement.hide:
             # Made now so that the sandbox hides them even if they only fill up later.

@@ -84,7 +84,8 @@ class JobDB:
             try:
                 yield conn
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # SQLite may have rolled back already
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
 

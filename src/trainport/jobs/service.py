@@ -80,6 +80,12 @@ class JobService:
         """Validate ``request`` and everything it points at, without running anything."""
         spec = parse_request(request)
         how = commands.check_runnable(spec)
+        if spec.tags.get("trainport:network") == "namespaces":
+            from trainport.runners.netns import netns_problem
+
+            problem = netns_problem()
+            if problem:
+                raise ValidationError(f"Tags: trainport:network=namespaces: {problem}")
         for channel in spec.channels:
             resolve_channel(self.store, channel)
         if spec.checkpoint_uri:

@@ -27,6 +27,7 @@ from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
 from trainport.jobs.status import Event, Finished, Phase, Progress, Status, StopRequested, advance
 from trainport.runners.api import select_runner
+from trainport.runners.netns import HostNetwork
 from trainport.spec import JobSpec, parse_request
 from trainport.store.api import ObjectStore, open_store
 
@@ -77,6 +78,38 @@ def supervise(name: str, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     hosts = spec.hosts
+    network: HostNetwork | None = None
+    addresses = host_addresses(hosts)
+    if spec.tags.get("trainport:network") == "namespaces":
+        try:
+            network = HostNetwork(name, hosts, spec.tags.get("trainport:host-bandwidth"))
+            network.__enter__()
+        except TrainportError as exc:
+            failed = Finished(None, f"ClientError: cannot make the hosts' network: {exc}")
+            db.update(name, lambda r: advance(r, failed, time.time()))
+            return 1
+        addresses = {h: network.hosts[h].address for h in hosts}
+    try:
+        return _run_hosts(db, name, record, spec, settings, grace, wake, terminate_signal,
+                          addresses, network)  # fmt: skip
+    finally:
+        if network is not None:
+            network.teardown()
+
+
+def _run_hosts(
+    db: JobDB,
+    name: str,
+    record: JobRecord,
+    spec: JobSpec,
+    settings: Settings,
+    grace: float,
+    wake: threading.Event,
+    terminate_signal: threading.Event,
+    addresses: dict[str, str],
+    network: HostNetwork | None,
+) -> int:
+    hosts = spec.hosts
     multi = len(hosts) > 1
 
     def emit(event: Event) -> None:
@@ -103,7 +136,6 @@ def supervise(name: str, settings: Settings) -> int:
 
     store = open_store(settings)
     runner = select_runner(record.runner, verified=True)
-    addresses = host_addresses(hosts)
     agents = {
         host: HostAgent(
             HostPlan(
@@ -114,6 +146,8 @@ def supervise(name: str, settings: Settings) -> int:
                 settings.jobs_dir / name,
                 addresses=addresses,
                 upload_artifacts=not multi,
+                network_interface="eth0" if network else "lo",
+                netns=network.hosts[host].namespace if network else None,
             ),
             store=store,
             runner=runner,
@@ -171,6 +205,8 @@ def supervise(name: str, settings: Settings) -> int:
             terminating = True
     for worker in workers:
         worker.join()
+    if network is not None:
+        network.teardown()  # before the job is marked ended: an ended job holds nothing
     failed_host = failed_host or next((h for h in hosts if outcomes[h].exit_code != 0), None)
     finished = (
         _host_outcome(outcomes[failed_host], failed_host, multi)

@@ -29,6 +29,7 @@ class Placement:
     env: dict[str, str]
     cwd: str
     hide: tuple[Path, ...] = field(default_factory=tuple)  # trainport folders a job must not see
+    netns: str | None = None  # the host's network namespace, in namespace-network mode
 
 
 class HostProcess:
@@ -83,6 +84,10 @@ class Runner(ABC):
     def _popen(
         self, argv: list[str], placement: Placement, cwd: str | None = None, **kw: object
     ) -> subprocess.Popen[bytes]:
+        if placement.netns:
+            # ip netns exec execs the command in place: the pid (and process group) stays
+            # the training command's.
+            argv = ["ip", "netns", "exec", placement.netns, *argv]
         try:
             return subprocess.Popen(  # type: ignore[call-overload]
                 argv,

@@ -1,0 +1,141 @@
+"""Network-namespace hosts: each host of a job gets its own network stack on a bridge.
+
+With ``trainport:network=namespaces`` (root only) every host ``algo-k`` runs inside a
+network namespace whose ``eth0`` (a veth pair) sits on a per-job bridge, at
+``10.<a>.<b>.(k+1)/24``. Traffic between hosts then crosses real interfaces, so each host's
+bandwidth can be shaped with ``tc tbf`` (``trainport:host-bandwidth``, e.g. ``400mbit``,
+applied in both directions of each host's link). The namespaces and the bridge are removed
+when the job ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+from trainport.errors import SandboxError, ValidationError
+
+__all__ = ["HostNetwork", "NamespaceHost", "netns_problem", "parse_bandwidth"]
+
+log = logging.getLogger(__name__)
+
+_RATE = re.compile(r"^\d+(\.\d+)?(kbit|mbit|gbit)$")
+
+
+def parse_bandwidth(value: str) -> str:
+    """A tc rate such as ``100mbit``; a clear error for anything else."""
+    rate = value.strip().lower()
+    if not _RATE.match(rate):
+        raise ValidationError(
+            f"trainport:host-bandwidth={value!r}: write a rate such as 100mbit, 1gbit or 500kbit"
+        )
+    return rate
+
+
+def netns_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces for hosts need root"
+    try:
+        subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"'ip netns' does not work here: {exc}"
+    return None
+
+
+@dataclass(frozen=True)
+class NamespaceHost:
+    host: str
+    namespace: str
+    address: str
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise SandboxError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+def _tbf(dev: str, *, rate: str, netns: str | None = None) -> None:
+    # The bucket must hold at least one timer tick's worth of bytes at this rate or tbf
+    # cannot reach the rate; 256 KiB covers several Gbit/s.
+    argv = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate]
+    argv += ["burst", "256kb", "latency", "50ms"]
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise SandboxError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+
+
+class HostNetwork:
+    """Bridge, namespaces and veth pairs for one job's hosts."""
+
+    def __init__(self, job: str, hosts: tuple[str, ...], bandwidth: str | None = None) -> None:
+        problem = netns_problem()
+        if problem:
+            raise SandboxError(problem)
+        # The pid too: a job name may come back (a rerun) while the last teardown finishes.
+        tag = hashlib.sha256(f"{job}:{os.getpid()}".encode()).hexdigest()[:6]
+        self.bridge = f"tpb{tag}"
+        digest = int(tag, 16)
+        self.subnet = f"10.{100 + digest % 150}.{(digest >> 8) % 256}"
+        self.hosts = {
+            h: NamespaceHost(h, f"tp-{tag}-{k}", f"{self.subnet}.{k + 1}")
+            for k, h in ((int(h.rsplit("-", 1)[1]), h) for h in hosts)
+        }
+        self.tag = tag
+        self.bandwidth = bandwidth
+
+    def __enter__(self) -> HostNetwork:
+        try:
+            self._setup()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    def _setup(self) -> None:
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for nh in self.hosts.values():
+            k = nh.namespace.rsplit("-", 1)[1]
+            outside = f"tpv{self.tag}{k}"
+            _ip("netns", "add", nh.namespace)
+            _ip(
+                "link",
+                "add",
+                outside,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                nh.namespace,
+            )
+            _ip("link", "set", outside, "master", self.bridge)
+            _ip("link", "set", outside, "up")
+            _ip("-n", nh.namespace, "addr", "add", f"{nh.address}/24", "dev", "eth0")
+            _ip("-n", nh.namespace, "link", "set", "eth0", "up")
+            _ip("-n", nh.namespace, "link", "set", "lo", "up")
+            if self.bandwidth:
+                _tbf(outside, rate=self.bandwidth)  # traffic into the host
+                _tbf("eth0", rate=self.bandwidth, netns=nh.namespace)  # traffic out of it
+        log.info("hosts on bridge %s (%s.0/24): %s", self.bridge, self.subnet, self.hosts)
+
+    def teardown(self) -> None:
+        for nh in self.hosts.values():
+            subprocess.run(["ip", "netns", "del", nh.namespace], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def wrap(self, host: str, argv: tuple[str, ...]) -> tuple[str, ...]:
+        """``argv`` run inside ``host``'s namespace."""
+        return ("ip", "netns", "exec", self.hosts[host].namespace, *argv)
