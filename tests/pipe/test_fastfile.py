@@ -20,6 +20,7 @@ from trainport.host.channels import resolve_channel
 from trainport.jobs.service import JobService
 from trainport.jobs.status import Event, Phase
 from trainport.runners.process import ProcessRunner
+from trainport.runners.sandbox import sandbox_problem
 from trainport.spec import ChannelSpec, parse_request
 
 
@@ -94,10 +95,12 @@ print("FOUND", json.dumps(found, sort_keys=True))
 """
 
 
-def ff_request(name: str) -> dict[str, object]:
+def ff_request(name: str, runner: str = "process") -> dict[str, object]:
     return python_job(
         name,
-        _READ_FASTFILE,
+        _READ_FASTFILE.replace('os.environ["SAGEMAKER_BASE_DIR"]', '"/opt/ml"')
+        if runner == "sandbox"
+        else _READ_FASTFILE,
         InputDataConfig=[
             {
                 "ChannelName": "ff",
@@ -107,7 +110,7 @@ def ff_request(name: str) -> dict[str, object]:
                 "InputMode": "FastFile",
             }
         ],
-        Tags=[{"Key": "trainport:runner", "Value": "process"}],
+        Tags=[{"Key": "trainport:runner", "Value": runner}],
     )
 
 
@@ -121,11 +124,28 @@ def expected_hashes(files: dict[str, bytes]) -> str:
 FILES = {"a.bin": b"alpha" * 1000, "d/b.bin": b"beta"}
 
 
-def test_fastfile_job_reads_the_channel(home: Path, service: JobService) -> None:
+@pytest.mark.parametrize(
+    "runner",
+    [
+        "process",
+        pytest.param(
+            "sandbox",
+            marks=pytest.mark.xfail(
+                os.geteuid() == 0,
+                reason="the sandbox's unshare way binds the tree onto /opt/ml without "
+                "--rbind, so the FUSE submount is not carried (fix in runners/sandbox.py)",
+                strict=True,
+            ),
+        ),
+    ],
+)
+def test_fastfile_job_reads_the_channel(home: Path, service: JobService, runner: str) -> None:
     require_fuse()
+    if runner == "sandbox" and sandbox_problem():
+        pytest.skip(f"sandbox unavailable: {sandbox_problem()}")
     for key, data in FILES.items():
         put(home, "data", f"ff/{key}", data)
-    service.create(ff_request("ff-job"))
+    service.create(ff_request("ff-job", runner))
     record = wait_for(service, "ff-job")
     log = (home / "jobs" / "ff-job" / "logs" / "algo-1.log").read_text()
     assert record.status == "Completed", (record.failure_reason, log)
