@@ -309,3 +309,28 @@ def test_augmented_manifest_line_missing_an_attribute_is_named(
     manifest(home, [{"source-ref": 3, "label": 1}])
     with pytest.raises(ValidationError, match="line 1: attribute 'source-ref' must be an S3 URI"):
         resolve_augmented_manifest(store, ch)
+
+
+def test_trainport_data_pipe_channel_reads_the_fifos(home: Path, store: CountingStore) -> None:
+    data_channel = pytest.importorskip("trainport.data.channel")
+    made = objects(home, 3, size=50_000)
+    data_dir = home / "data"
+    server = serve(store, channel(), data_dir, workers=2)
+    try:
+        reader = data_channel.PipeChannel("train", data_dir, wait_timeout=30)
+        assert reader.num_series(0) == 2
+        for epoch in range(2):
+            got = []
+            for w in range(2):
+                with reader.open_fifo(reader.fifo_path(epoch, w)) as f:
+                    got.append(f.read())
+            want = [
+                b"".join(
+                    made[o.key]
+                    for o in epoch_items(server.items, server.channel, epoch, worker=w, workers=2)
+                )  # type: ignore[union-attr]
+                for w in range(2)
+            ]
+            assert got == want
+    finally:
+        server.close()
