@@ -18,8 +18,8 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,6 @@ class Workload:
     schedule: str = "planned"  # "planned": seed-fixed visit orders; "dynamic": Algorithm 1 live
     output: Path | None = None
     progress: bool = True
-    # Called after every finished or lost unit; tests use it to kill workers at a chosen time.
-    on_event: Callable[[Any], None] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -301,8 +299,6 @@ def _run_epoch(
                         model_epochs,
                         t0,
                     )
-                if work.on_event is not None:
-                    work.on_event(event)
     finally:
         bar.close()
     return done
