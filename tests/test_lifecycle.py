@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import python_job, put, request, require, wait_for, wait_until
+from tests.conftest import put, python_job, request, require, wait_for, wait_until
 from trainport.errors import NotFoundError, ResourceInUseError, ValidationError
 from trainport.jobs.service import JobService
 from trainport.runners.sandbox import sandbox_problem

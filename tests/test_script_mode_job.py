@@ -69,7 +69,12 @@ def test_toolkit_environment_reads_what_trainport_wrote(
         require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
     put(home, "data", "train/x.csv", "1,2\n")
     body = script_job(
-        home, f"toolkit-{runner}", {"probe.py": TOOLKIT_PROBE}, "probe.py", epochs="3", label='"abc"'
+        home,
+        f"toolkit-{runner}",
+        {"probe.py": TOOLKIT_PROBE},
+        "probe.py",
+        epochs="3",
+        label='"abc"',
     )
     service.create(body, runner=runner)
     record = wait_for(service, f"toolkit-{runner}")
@@ -96,7 +101,7 @@ def test_entry_point_missing_from_the_archive(home: Path, service: JobService) -
     body = script_job(home, "no-entry", {"train.py": "print(1)"}, "train.py")
     body["HyperParameters"]["sagemaker_program"] = '"other.py"'  # type: ignore[index]
     with pytest.raises(
-        ValidationError, match="entry point 'other.py' is not in the source archive"
+        ValidationError, match=r"entry point 'other\.py' is not in the source archive"
     ):
         service.create(body)
 

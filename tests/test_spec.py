@@ -47,7 +47,7 @@ def test_a_request_boto3_would_send_is_accepted() -> None:
 
 @pytest.mark.parametrize("name", ["bad_name", "-lead", "trail-", "a" * 64, "spa ce", ""])
 def test_invalid_job_names(name: str) -> None:
-    with pytest.raises(ValidationError, match="TrainingJobName|length"):
+    with pytest.raises(ValidationError, match=r"TrainingJobName|length"):
         parse_request(request(name))
 
 
@@ -69,14 +69,14 @@ def test_missing_and_malformed_required_fields() -> None:
         ValidationError, match='Missing required parameter in input: "OutputDataConfig"'
     ):
         parse_request(body)
-    with pytest.raises(ValidationError, match="OutputDataConfig.S3OutputPath"):
+    with pytest.raises(ValidationError, match=r"OutputDataConfig\.S3OutputPath"):
         parse_request(request("x1", OutputDataConfig={"S3OutputPath": 5}))
     with pytest.raises(ValidationError, match="MaxRuntimeInSeconds"):
         parse_request(request("x1", StoppingCondition={"MaxRuntimeInSeconds": "soon"}))
 
 
 def test_non_string_hyperparameter() -> None:
-    with pytest.raises(ValidationError, match="HyperParameters.epochs"):
+    with pytest.raises(ValidationError, match=r"HyperParameters\.epochs"):
         parse_request(request("x1", HyperParameters={"epochs": 3}))
 
 

@@ -69,7 +69,8 @@ def main() -> int:
         model.eval()
         with torch.no_grad():
             accuracy = (model(vx).argmax(1) == vy).float().mean().item()
-        print(f"epoch={epoch} train_loss={total / len(x):.4f} val_accuracy={accuracy:.4f}", flush=True)
+        mean_loss = total / len(x)
+        print(f"epoch={epoch} train_loss={mean_loss:.4f} val_accuracy={accuracy:.4f}", flush=True)
     save()
     return 0
 
