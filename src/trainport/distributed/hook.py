@@ -1,0 +1,225 @@
+"""A DDP communication hook that reduces gradient buckets on one communication thread.
+
+DDP fuses gradients into buckets (``bucket_cap_mb``) and calls the hook for each bucket, in
+bucket order, as soon as the backward pass has produced all of its gradients. The hook
+only enqueues the bucket and returns a ``torch.futures.Future``; a single communication
+thread takes buckets in that order, runs the chosen reduction (:mod:`.reduction`) and
+completes the future. The reduction therefore overlaps the rest of the backward pass, and
+DDP waits for the futures only at the end of it.
+
+Why a thread rather than chaining futures: the balanced reduction needs two collectives
+per bucket, and on gloo a collective issued from a future's callback runs on gloo's own
+worker thread and hangs there. One thread, fed in bucket order, also guarantees that every
+rank issues the same collectives in the same order, which is what keeps ranks matched.
+
+The thread talks on its own process group (created collectively at construction), so its
+collectives never interleave with those DDP issues from the main thread (parameter and
+buffer broadcasts, bucket rebuilding).
+
+Use::
+
+    model = DDP(module, bucket_cap_mb=4)
+    reducer = register_sharded_hook(model, algorithm="balanced")
+    ... train ...
+    reducer.timeline.write(f"trace-rank{rank}.json"); reducer.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from trainport.distributed.errors import ReductionError
+from trainport.distributed.reduction import ALGORITHMS, Algorithm
+from trainport.distributed.trace import ByteCounter, Timeline, now_us
+
+__all__ = ["ShardedReducer", "register_sharded_hook", "sharded_hook"]
+
+logger = logging.getLogger(__name__)
+
+_COMM_THREAD = "comm"
+_TRAIN_THREAD = "backward"
+
+
+@dataclass
+class _Job:
+    """One bucket waiting for the communication thread."""
+
+    label: str
+    flat: torch.Tensor
+    future: torch.futures.Future[torch.Tensor]
+    ready_event: Any = None  # torch.cuda.Event marking when the gradients exist
+
+
+class ShardedReducer:
+    """Hook state: the communication thread, its process group, counters and timeline.
+
+    Construct it on every rank at the same point (it creates a process group, which is a
+    collective call). ``algorithm`` is ``"balanced"`` (default), ``"ring"`` or ``"naive"``.
+    """
+
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.BALANCED,
+        dedicated_group: bool = True,
+        trace_events: int = 200_000,
+    ) -> None:
+        self.algorithm = Algorithm(algorithm)
+        self._reduce = ALGORITHMS[self.algorithm]
+        self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
+        if dedicated_group and self.world_size > 1:
+            ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
+            backend = str(dist.get_backend(process_group))
+            self.group: dist.ProcessGroup | None = dist.new_group(ranks, backend=backend)
+        else:
+            self.group = process_group
+        self.counter = ByteCounter()
+        self.timeline = Timeline(self.rank, max_events=trace_events)
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._failure: BaseException | None = None
+        self._cuda_stream: Any = None
+        self._thread = threading.Thread(
+            target=self._serve, name=f"trainport-comm-rank{self.rank}", daemon=True
+        )
+        self._thread.start()
+        logger.info(
+            "gradient reduction %s on rank %d of %d (communication thread started)",
+            self.algorithm.value,
+            self.rank,
+            self.world_size,
+        )
+
+    def submit(self, flat: torch.Tensor, label: str = "") -> torch.futures.Future[torch.Tensor]:
+        """Queue ``flat`` for averaging; the future completes with ``flat`` once it is done.
+
+        Every rank must submit the same sequence of tensor sizes.
+        """
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        if self._failure is not None:
+            # The group is in an unknown state after a failed collective: fail fast rather
+            # than issue more collectives that would block or mismatch.
+            _fail(future, ReductionError(f"an earlier reduction failed: {self._failure}"))
+            return future
+        job = _Job(label=label, flat=flat, future=future)
+        if flat.is_cuda:
+            job.ready_event = torch.cuda.Event()
+            job.ready_event.record()
+        self.timeline.instant(f"ready {label}", _TRAIN_THREAD, {"bytes": _nbytes(flat)})
+        self._queue.put(job)
+        return future
+
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        return self.submit(bucket.buffer(), label=f"bucket {bucket.index()}")
+
+    def _serve(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if self._failure is not None:
+                _fail(job.future, ReductionError(f"an earlier reduction failed: {self._failure}"))
+                continue
+            start = now_us()
+            try:
+                count = self._run(job)
+            except Exception as exc:  # any failure must reach the trainer through the future
+                self._failure = exc
+                logger.error(
+                    "reduction of %s (%s) failed on rank %d: %s",
+                    job.label,
+                    self.algorithm.value,
+                    self.rank,
+                    exc,
+                )
+                error = ReductionError(
+                    f"{self.algorithm.value} reduction of {job.label} failed on rank "
+                    f"{self.rank}: {exc}"
+                )
+                error.__cause__ = exc
+                _fail(job.future, error)
+                continue
+            self.counter.add(count.sent, count.received, count.collectives)
+            self.timeline.complete(
+                f"reduce {job.label}",
+                _COMM_THREAD,
+                start,
+                now_us(),
+                {"bytes": _nbytes(job.flat), "sent": count.sent, "received": count.received},
+            )
+            job.future.set_result(job.flat)
+
+    def _run(self, job: _Job) -> Any:
+        if job.ready_event is None:
+            return self._reduce(job.flat, self.group)
+        # CUDA: the gradients were produced on the trainer's stream; reduce on a side stream
+        # that waits for them, and finish before completing the future so DDP can read the
+        # result on any stream.
+        if self._cuda_stream is None:
+            self._cuda_stream = torch.cuda.Stream(device=job.flat.device)
+        with torch.cuda.stream(self._cuda_stream):
+            self._cuda_stream.wait_event(job.ready_event)
+            count = self._reduce(job.flat, self.group)
+        self._cuda_stream.synchronize()
+        return count
+
+    def close(self) -> None:
+        """Stop the communication thread after the buckets already queued."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def __enter__(self) -> ShardedReducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _fail(future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
+    # torch annotates set_exception as taking the result type; it takes an exception.
+    future.set_exception(error)  # type: ignore[arg-type]
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def sharded_hook(
+    state: ShardedReducer, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """The function DDP calls per bucket: ``model.register_comm_hook(reducer, sharded_hook)``."""
+    return state.hook(bucket)
+
+
+# DDP compares the hook's annotations with the real GradBucket and Future types; with
+# postponed evaluation they are strings, so resolve them once here.
+sharded_hook.__annotations__ = typing.get_type_hints(sharded_hook)
+
+
+def register_sharded_hook(
+    model: DistributedDataParallel,
+    *,
+    algorithm: Algorithm | str = Algorithm.BALANCED,
+    dedicated_group: bool = True,
+) -> ShardedReducer:
+    """Create a :class:`ShardedReducer` for ``model``'s process group and register its hook.
+
+    The fusion-buffer size is DDP's ``bucket_cap_mb``; call this on every rank, before the
+    first backward pass.
+    """
+    reducer = ShardedReducer(
+        model.process_group, algorithm=algorithm, dedicated_group=dedicated_group
+    )
+    model.register_comm_hook(reducer, sharded_hook)
+    return reducer

@@ -1,0 +1,84 @@
+"""The communication hook on real gloo ranks over 127.0.0.1.
+
+One launch per world size runs both the gradient and the traffic scenario (starting
+processes dominates on two cores); the tests below read its reports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.distributed.support import launch
+
+Reports = list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Reports]:
+    cache: dict[int, Reports] = {}
+
+    def run(world: int) -> Reports:
+        if world not in cache:
+            out = tmp_path_factory.mktemp(f"world{world}")
+            cache[world] = launch(world, "gradients,traffic", out, timeout=180)
+        return cache[world]
+
+    return run
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_gradients_equal_default_ddp(ranks: Callable[[int], Reports], world: int) -> None:
+    for report in ranks(world):
+        diffs = report["gradients"]["diff"]
+        algorithms = ("balanced", "ring", "naive")
+        assert set(diffs) == {f"{a}@{c}" for a in algorithms for c in (0.002, 25.0)}
+        assert max(diffs.values()) <= 1e-6, diffs
+        if world > 1:
+            # The small cap must have produced buckets that need padding to N shards.
+            sizes = report["gradients"]["bucket_elements"]["balanced@0.002"]
+            assert len(sizes) >= 2 and any(size % world for size in sizes), sizes
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_bytes_per_rank_are_balanced(ranks: Callable[[int], Reports], world: int) -> None:
+    for report in ranks(world):
+        traffic = report["traffic"]
+        expected = 2 * (world - 1) / world * traffic["bucket_bytes"]
+        if world == 1:
+            assert traffic["sent"] == traffic["received"] == traffic["kernel_written"] == 0
+            continue
+        for measured in ("sent", "received", "kernel_written"):
+            assert traffic[measured] == pytest.approx(expected, rel=0.05), (measured, traffic)
+
+
+@pytest.mark.slow
+def test_many_small_buckets_do_not_hang(tmp_path: Path) -> None:
+    reports = launch(3, "soak", tmp_path, timeout=150, args={"steps": 200, "layers": 12})
+    for report in reports:
+        soak = report["soak"]
+        assert soak["steps"] == 200
+        assert soak["buckets"] >= 200 * 10  # about one bucket per layer per step
+        assert len(set(soak["checksums"])) == 1  # parameters identical on every rank
+        assert soak["collectives"] == 2 * soak["buckets"]
+        trace = json.loads(Path(soak["trace"]).read_text())["traceEvents"]
+        ready = [e for e in trace if e["name"].startswith("ready")]
+        reduce = [e for e in trace if e["name"].startswith("reduce")]
+        assert len(ready) == len(reduce) == soak["buckets"]
+        assert all(e["ph"] == "X" and e["tid"] == "comm" for e in reduce)
+        # The thread serves buckets in order: each reduction starts after its bucket was
+        # handed over and after the previous reduction ended.
+        for before, after, handed in zip(reduce, reduce[1:], ready[1:], strict=False):
+            assert after["ts"] >= before["ts"] + before["dur"]
+            assert after["ts"] >= handed["ts"]
+
+
+def test_dead_peer_fails_the_others(tmp_path: Path) -> None:
+    reports = launch(3, "peer_dies", tmp_path, timeout=90, expect_exit={1: 17})
+    for rank in (0, 2):
+        assert reports[rank]["failed_at_step"] == 2
+        assert f"balanced reduction of bucket 0 failed on rank {rank}" in reports[rank]["message"]
