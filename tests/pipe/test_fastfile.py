@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, python_job, wait_for
+from tests.conftest import put, python_job, require, wait_for
 from tests.pipe.conftest import CountingStore, require_fuse
 from trainport.config import load_settings
 from trainport.host import fastfile
@@ -124,25 +124,11 @@ def expected_hashes(files: dict[str, bytes]) -> str:
 FILES = {"a.bin": b"alpha" * 1000, "d/b.bin": b"beta"}
 
 
-@pytest.mark.parametrize(
-    "runner",
-    [
-        "process",
-        pytest.param(
-            "sandbox",
-            marks=pytest.mark.xfail(
-                os.geteuid() == 0,
-                reason="the sandbox's unshare way binds the tree onto /opt/ml without "
-                "--rbind, so the FUSE submount is not carried (fix in runners/sandbox.py)",
-                strict=True,
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("runner", ["process", "sandbox"])
 def test_fastfile_job_reads_the_channel(home: Path, service: JobService, runner: str) -> None:
     require_fuse()
-    if runner == "sandbox" and sandbox_problem():
-        pytest.skip(f"sandbox unavailable: {sandbox_problem()}")
+    if runner == "sandbox":
+        require(sandbox_problem() is None, f"sandbox unavailable: {sandbox_problem()}")
     for key, data in FILES.items():
         put(home, "data", f"ff/{key}", data)
     service.create(ff_request("ff-job", runner))

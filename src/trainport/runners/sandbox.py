@@ -35,7 +35,7 @@ _UNSHARE_SCRIPT = r"""
 set -e
 root="$1"; hosts="$2"; cwd="$3"; shift 3
 mkdir -p /opt/ml
-mount --bind "$root" /opt/ml
+mount --rbind "$root" /opt/ml
 mount --bind "$hosts" /etc/hosts
 while [ "$1" != "--" ]; do mount -t tmpfs -o size=1m,mode=0755 trainport-hidden "$1"; shift; done
 shift
