@@ -25,6 +25,7 @@ from trainport.distributed.process_group import (
 from trainport.distributed.reduction import (
     ALGORITHMS,
     Algorithm,
+    Scratch,
     balanced_average,
     naive_average,
     ring_average,
@@ -48,6 +49,7 @@ __all__ = [
     "DistributedError",
     "Launcher",
     "ReductionError",
+    "Scratch",
     "ShardedReducer",
     "Timeline",
     "Topology",

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainport.distributed.errors import ReductionError
-from trainport.distributed.reduction import ALGORITHMS, Algorithm
+from trainport.distributed.reduction import ALGORITHMS, Algorithm, Scratch
 from trainport.distributed.trace import ByteCounter, Timeline, now_us
 
 __all__ = ["ShardedReducer", "register_sharded_hook", "sharded_hook"]
@@ -89,6 +89,7 @@ class ShardedReducer:
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._cuda_stream: Any = None
+        self._scratch = Scratch()  # used only by the communication thread
         self._thread = threading.Thread(
             target=self._serve, name=f"trainport-comm-rank{self.rank}", daemon=True
         )
@@ -161,7 +162,7 @@ class ShardedReducer:
 
     def _run(self, job: _Job) -> Any:
         if job.ready_event is None:
-            return self._reduce(job.flat, self.group)
+            return self._reduce(job.flat, self.group, self._scratch)
         # CUDA: the gradients were produced on the trainer's stream; reduce on a side stream
         # that waits for them, and finish before completing the future so DDP can read the
         # result on any stream.
@@ -169,7 +170,7 @@ class ShardedReducer:
             self._cuda_stream = torch.cuda.Stream(device=job.flat.device)
         with torch.cuda.stream(self._cuda_stream):
             self._cuda_stream.wait_event(job.ready_event)
-            count = self._reduce(job.flat, self.group)
+            count = self._reduce(job.flat, self.group, self._scratch)
         self._cuda_stream.synchronize()
         return count
 

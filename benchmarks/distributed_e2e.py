@@ -1,0 +1,254 @@
+"""End to end: data-parallel MLP training, default DDP vs the balanced hook vs a naive PS.
+
+Two cores cannot run four real ranks of compute, so **forward and backward compute are
+emulated by a fixed sleep** (``--forward-ms`` / ``--backward-ms`` per step, split evenly
+over the layers; the real matmuls of the small MLP are also run but are tiny). The sleep
+sits in each layer, so a layer's gradients become ready only after its share of backward
+"compute", exactly as on a GPU, and communication can overlap the rest of the backward
+pass. The gradients are real: ``--layers`` x Linear(width, width) in float32 (4.2 MB at the
+defaults), fused into DDP buckets of ``--bucket-mb``.
+
+Per network (loopback; namespace hosts shaped to 100, 400, 1000 Mbit/s each way, see
+``distributed_hosts.py``) and per N = 2..4, each method trains ``--steps`` measured steps
+after ``--warmup`` unmeasured ones:
+
+- **samples/s** = N x batch / mean step time (slowest rank);
+- **scaling efficiency** = samples/s / (N x samples/s of one rank with default DDP); one
+  rank does not communicate, so that baseline is measured once, on loopback;
+- **exposed comm** = mean time from the end of the last backward compute to
+  ``loss.backward()`` returning: the communication the overlap did not hide.
+
+    sudo python benchmarks/distributed_e2e.py                     # the full grid
+    python benchmarks/distributed_e2e.py --networks loopback       # no root needed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed_hosts import Hosts, run_ranks
+
+METHODS = ["ddp", "balanced", "naive"]
+GOAL = 0.9
+
+
+def worker(out: Path, args: dict[str, Any]) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from trainport.distributed import init_process_group, register_sharded_hook
+
+    topo = init_process_group()
+    layers = args["layers"]
+    forward_s = args["forward_ms"] / 1e3 / layers
+    backward_s = args["backward_ms"] / 1e3 / layers
+    clock = {"backward_compute_end": 0.0}
+
+    class EmulatedCompute(torch.autograd.Function):
+        """Identity whose forward and backward sleep for this layer's share of compute."""
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(forward_s)
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            time.sleep(backward_s)
+            clock["backward_compute_end"] = time.perf_counter()
+            return grad
+
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return EmulatedCompute.apply(torch.relu(self.linear(x)))
+
+    width, batch = args["width"], args["batch"]
+    results: dict[str, Any] = {}
+    for method in args["methods"]:
+        torch.manual_seed(0)
+        model = DDP(
+            nn.Sequential(*(Block(width) for _ in range(layers))),
+            bucket_cap_mb=args["bucket_mb"],
+        )
+        reducer = None
+        if method != "ddp":
+            reducer = register_sharded_hook(model, algorithm=method)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        data = torch.randn(batch, width, generator=torch.Generator().manual_seed(topo.rank))
+        steps, exposed = [], []
+        for i in range(args["warmup"] + args["steps"]):
+            if i == args["warmup"]:
+                dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad()
+            model(data).pow(2).mean().backward()
+            backward_end = time.perf_counter()
+            opt.step()
+            if i >= args["warmup"]:
+                steps.append(time.perf_counter() - start)
+                exposed.append(backward_end - clock["backward_compute_end"])
+        results[method] = {
+            "step_s": sum(steps) / len(steps),
+            "exposed_s": sum(exposed) / len(exposed),
+            "sent": reducer.counter.snapshot().sent if reducer else None,
+        }
+        if reducer is not None:
+            reducer.close()
+        dist.barrier()
+    results["gradient_bytes"] = sum(p.numel() * 4 for p in model.parameters())
+    (out / f"rank{topo.rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def summarise(
+    network: str, world: int, reports: list[Any], batch: int, base: float | None
+) -> list[dict]:
+    rows = []
+    for method in METHODS:
+        if method not in reports[0]:
+            continue
+        step = max(r[method]["step_s"] for r in reports)
+        rate = world * batch / step
+        rows.append(
+            {
+                "network": network,
+                "world": world,
+                "method": method,
+                "step_ms": step * 1e3,
+                "samples_s": rate,
+                "efficiency": None if base is None else rate / (world * base),
+                "exposed_ms": max(r[method]["exposed_s"] for r in reports) * 1e3,
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        f"{'network':>12} {'N':>2} {'method':>9} {'step ms':>8} {'samples/s':>9} "
+        f"{'efficiency':>10} {'exposed ms':>10}"
+    )
+    for r in rows:
+        eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.3f}"
+        print(
+            f"{r['network']:>12} {r['world']:>2} {r['method']:>9} {r['step_ms']:>8.1f} "
+            f"{r['samples_s']:>9.1f} {eff:>10} {r['exposed_ms']:>10.1f}"
+        )
+    sys.stdout.flush()
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    networks = [n for n in dict.fromkeys(r["network"] for r in rows) if n != "one rank"]
+    fig, axes = plt.subplots(1, len(networks), figsize=(4 * len(networks), 3.6), squeeze=False)
+    colours = {"ddp": "tab:blue", "balanced": "tab:green", "naive": "tab:red"}
+    for ax, network in zip(axes[0], networks, strict=True):
+        for method in METHODS:
+            points = [r for r in rows if r["network"] == network and r["method"] == method]
+            points = [{"world": 1, "efficiency": 1.0}, *points]
+            ax.plot(
+                [p["world"] for p in points],
+                [p["efficiency"] for p in points],
+                marker="o",
+                color=colours[method],
+                label={"ddp": "default DDP"}.get(method, f"{method} hook"),
+            )
+        ax.axhline(GOAL, color="grey", linestyle="--", linewidth=0.8, label=f"goal {GOAL}")
+        ax.set_ylim(0, 1.05)
+        ax.set_xticks([1, 2, 3, 4])
+        ax.set_title(network)
+        ax.set_xlabel("ranks N")
+        ax.set_ylabel("scaling efficiency")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("MLP data-parallel training, compute emulated by sleep (gloo, CPU)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(Path(sys.argv[2]), json.loads(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--networks", nargs="+", default=["loopback", "100", "400", "1000"])
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--forward-ms", type=float, default=30.0)
+    parser.add_argument("--backward-ms", type=float, default=60.0)
+    parser.add_argument("--bucket-mb", type=float, default=0.5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--slow-steps", type=int, default=8, help="steps at <= 100 Mbit/s")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--results", type=Path, default=Path("/tmp/distributed_e2e.json"))
+    parser.add_argument("--chart", type=Path, default=Path("docs/img/distributed_e2e.png"))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/distributed_e2e"))
+    opts = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    common = {
+        key: getattr(opts, key)
+        for key in ("width", "layers", "batch", "forward_ms", "backward_ms", "bucket_mb")
+    }
+    common.update(methods=opts.methods, warmup=opts.warmup)
+    script = Path(__file__)
+    with Hosts(1, None) as alone:
+        one = run_ranks(
+            alone,
+            1,
+            script,
+            {**common, "methods": ["ddp"], "steps": opts.steps},
+            opts.workdir / "one",
+            600,
+        )
+    base = opts.batch / one[0]["ddp"]["step_s"]
+    rows = summarise("one rank", 1, one, opts.batch, base)
+    print(
+        f"gradients: {one[0]['gradient_bytes'] / 2**20:.2f} MiB per step; "
+        f"emulated compute {opts.forward_ms:g} + {opts.backward_ms:g} ms per step"
+    )
+    print_table(rows)
+    for network in opts.networks:
+        rate = None if network == "loopback" else int(network)
+        steps = opts.slow_steps if rate is not None and rate <= 100 else opts.steps
+        with Hosts(max(opts.worlds), rate) as hosts:
+            for world in opts.worlds:
+                reports = run_ranks(
+                    hosts,
+                    world,
+                    script,
+                    {**common, "steps": steps},
+                    opts.workdir / f"{network}-{world}",
+                    1800,
+                )
+                new = summarise(hosts.label, world, reports, opts.batch, base)
+                print_table(new)
+                rows.extend(new)
+                opts.results.write_text(json.dumps(rows, indent=1))
+    print("\nall results")
+    print_table(rows)
+    chart(rows, opts.chart)
+    print(f"\nresults: {opts.results}  chart: {opts.chart}")
+
+
+if __name__ == "__main__":
+    main()
