@@ -48,6 +48,7 @@ def _service() -> Any:
 
 
 def _echo_err(text: str) -> None:
+    sys.stdout.flush()  # keep log lines (stdout) and status lines (stderr) in order when piped
     click.echo(text, err=True)
 
 
