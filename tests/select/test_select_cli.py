@@ -57,6 +57,23 @@ def test_select_command_runs_a_spec(tmp_path: Path, dataset: Path) -> None:
     assert (tmp_path / "out" / "gantt.png").exists()
 
 
+@pytest.mark.slow
+def test_hyperband_spec_stops_configurations(tmp_path: Path, dataset: Path) -> None:
+    search = {
+        "procedure": "hyperband",
+        "eta": 2,
+        "params": {"lr": {"loguniform": [0.001, 0.3]}, "hidden": {"choice": [4, 8]}},
+    }
+    path = write_spec(tmp_path, dataset, search=search, metric="val_loss", direction="min")
+    result = CliRunner().invoke(select_command, [str(path), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "result.json").read_text())
+    # R = 2, eta = 2: brackets of 2 configurations (rung at epoch 1) and 2 (rung at 2).
+    assert len(summary["configs"]) == 4
+    assert list(summary["stopped_after_round"].values()) == [1, 2]
+    assert "stopped after epoch 1" in result.output
+
+
 def test_bad_spec_names_the_field(tmp_path: Path, dataset: Path) -> None:
     path = write_spec(tmp_path, dataset, epochs=0, backend="yarn")
     result = CliRunner().invoke(select_command, [str(path)])

@@ -69,7 +69,9 @@ def select_command(
         value = result.final_metric(mid)
         mark = "*" if mid == result.best_model else " "
         shown = f"{value:12.6g}" if math.isfinite(value) else f"{'-':>12}"
-        click.echo(f"{mid:<{width}}{mark} {shown}  {config}")
+        stopped = result.stopped.get(mid)
+        note = f"  (stopped after epoch {stopped})" if stopped is not None else ""
+        click.echo(f"{mid:<{width}}{mark} {shown}  {config}{note}")
     click.echo(f"best: {result.best_model} {spec.metric}={result.best_value:.6g} "
                f"{result.best_config}")
     click.echo(f"results: {spec.output} (epochs.csv, schedule.csv, gantt.png, best_model.pt)")
