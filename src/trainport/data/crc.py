@@ -1,7 +1,10 @@
 """CRC-32C (Castagnoli) through a C implementation, and TFRecord's masked form.
 
 Both ``google-crc32c`` (Apache-2.0, preferred: same licence as trainport) and ``crc32c``
-(LGPL) ship hardware-accelerated C code in their wheels; whichever is installed is used.
+(LGPL) ship hardware-accelerated C code in their wheels (SSE4.2 ``crc32`` instructions);
+whichever is installed is used. Their speed is the same: over a cached 1 MiB buffer both take
+about 44 us (24 GB/s) on a 2-core AMD EPYC VM, measured interleaved (see
+``benchmarks/data_tfrecord_parse.py``), so preferring the Apache-licensed one costs nothing.
 A pure-Python CRC would cap TFRecord parsing at a few MB/s, so there is deliberately no
 Python fallback: the error says what to install instead.
 """

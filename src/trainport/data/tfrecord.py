@@ -131,8 +131,12 @@ def iter_tfrecords(stream: ByteStream, policy: CorruptionPolicy | None = None) -
             start = stream.offset
             stream.advance(12)
             data = stream.take(length)
-            tail = stream.take(4)
-            if len(tail) < 4:
+            # While records are large, the buffer holds only the 16 bytes between two
+            # records' data (this one's data checksum, the next header), fetched in one
+            # read, so each record's data goes straight from the source into its own bytes
+            # (see ByteStream.take): two reads per record and no copy but the kernel's.
+            stream.read_hint = 16 if length >= _LARGE else stream.chunk
+            if stream.ensure(4) < 4:
                 policy.handle(
                     CorruptRecordError(
                         FORMAT,
@@ -142,10 +146,8 @@ def iter_tfrecords(stream: ByteStream, policy: CorruptionPolicy | None = None) -
                     )
                 )
                 return
-            (data_crc,) = unpack_crc(tail)
-            # While records are large, read only their headers into the buffer so the data
-            # goes straight from the source into the record (see ByteStream.take).
-            stream.read_hint = 12 if length >= _LARGE else stream.chunk
+            (data_crc,) = unpack_crc(stream.buf, stream.pos)
+            stream.pos += 4
         c = crc(data)
         if (((c >> 15) | (c << 17)) + MASK_DELTA) & 0xFFFFFFFF != data_crc:
             policy.handle(
