@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -60,6 +61,7 @@ def _host_outcome(finished: Finished, host: str, multi: bool) -> Finished:
 
 
 def supervise(name: str, settings: Settings) -> int:
+    log.info("supervising job %s (pid %d)", name, os.getpid())
     db = JobDB(settings.db_path)
     record = db.get(name)
     spec = parse_request(record.request, validate=False)
