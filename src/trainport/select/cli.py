@@ -72,6 +72,7 @@ def select_command(
         stopped = result.stopped.get(mid)
         note = f"  (stopped after epoch {stopped})" if stopped is not None else ""
         click.echo(f"{mid:<{width}}{mark} {shown}  {config}{note}")
-    click.echo(f"best: {result.best_model} {spec.metric}={result.best_value:.6g} "
-               f"{result.best_config}")
+    click.echo(
+        f"best: {result.best_model} {spec.metric}={result.best_value:.6g} {result.best_config}"
+    )
     click.echo(f"results: {spec.output} (epochs.csv, schedule.csv, gantt.png, best_model.pt)")
