@@ -311,3 +311,46 @@ def test_namespace_hosts_with_shaped_bandwidth(home: Path, service: JobService) 
 
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "tp-" not in left  # namespaces removed at the end
+
+
+PIPE_READER = """
+import json, os, time
+base = os.environ['SAGEMAKER_BASE_DIR']
+me = json.load(open(base + '/input/config/resourceconfig.json'))['current_host']
+for epoch in range(2):
+    path = base + f'/input/data/train_{epoch}'
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    with open(path, 'rb') as f:
+        data = f.read()
+    print('PIPE ' + json.dumps({'host': me, 'epoch': epoch, 'records': sorted(data.decode().split())}), flush=True)
+"""
+
+
+def test_sharded_pipe_channel_across_hosts(home: Path, service: JobService) -> None:
+    for i in range(8):
+        put(home, "data", f"pipe/part-{i}", f"r{i} ")
+    channel = sharded("s3://data/pipe/")
+    channel[0]["InputMode"] = "Pipe"
+    channel[0]["ShuffleConfig"] = {"Seed": 5}
+    body = python_job(
+        "pipe-hosts",
+        PIPE_READER,
+        InputDataConfig=channel,
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+    )
+    service.create(body, runner="process")
+    record = wait_for(service, "pipe-hosts")
+    assert record.status == "Completed", record.failure_reason
+    got: dict[tuple[str, int], list[str]] = {}
+    for host in ("algo-1", "algo-2"):
+        for _, text in service.logs("pipe-hosts", host=host):
+            if text.startswith("PIPE "):
+                doc = json.loads(text[5:])
+                got[(doc["host"], doc["epoch"])] = doc["records"]
+    everything = sorted(f"r{i}" for i in range(8))
+    for epoch in (0, 1):
+        one, two = got[("algo-1", epoch)], got[("algo-2", epoch)]
+        assert sorted(one + two) == everything and not set(one) & set(two)
+        assert len(one) == len(two) == 4
+    assert got[("algo-1", 0)] != got[("algo-1", 1)]  # shuffled: membership changes by epoch
