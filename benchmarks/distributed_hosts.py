@@ -54,13 +54,25 @@ def _tbf(rate_mbit: int) -> list[str]:
     return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"]
 
 
+def _root_links() -> list[str]:
+    listing = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    names = (line.split(":")[1].strip().split("@")[0] for line in listing.splitlines())
+    return [name for name in names if name.startswith(f"{PREFIX}-")]
+
+
 def remove_leftovers() -> None:
+    # Delete the root ends first: a namespace's interfaces vanish asynchronously after
+    # `ip netns del`, and a veth name still in use would fail the next run's `ip link add`.
+    for name in _root_links():
+        _ip("link", "del", name, check=False)
     listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for line in listing.splitlines():
         name = line.split()[0] if line.split() else ""
         if name.startswith(f"{PREFIX}-h"):
             _ip("netns", "del", name, check=False)
-    _ip("link", "del", BRIDGE, check=False)
+    deadline = time.monotonic() + 10
+    while _root_links() and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 class Hosts:

@@ -26,10 +26,12 @@ Use::
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +40,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from trainport.distributed.errors import ReductionError
-from trainport.distributed.reduction import ALGORITHMS, Algorithm, Scratch
-from trainport.distributed.trace import ByteCounter, Timeline, now_us
+from trainport.distributed.reduction import (
+    ALGORITHMS,
+    Algorithm,
+    BalancedStream,
+    Scratch,
+    pieces,
+)
+from trainport.distributed.trace import ByteCount, ByteCounter, Timeline, now_us
 
 __all__ = ["ShardedReducer", "register_sharded_hook", "sharded_hook"]
 
@@ -90,6 +98,7 @@ class ShardedReducer:
         self._failure: BaseException | None = None
         self._cuda_stream: Any = None
         self._scratch = Scratch()  # used only by the communication thread
+        self._stream = BalancedStream(self.group, self._scratch)
         self._thread = threading.Thread(
             target=self._serve, name=f"trainport-comm-rank{self.rank}", daemon=True
         )
@@ -125,40 +134,86 @@ class ShardedReducer:
 
     def _serve(self) -> None:
         while True:
+            if self._stream.busy and self._queue.empty():
+                # Nothing new to start: let the all-gathers in flight land so DDP gets its
+                # buckets now (this issues no collective, so the order stays the same).
+                self._guard(self._stream.flush)
             job = self._queue.get()
             if job is None:
+                self._guard(self._stream.flush)
                 return
             if self._failure is not None:
                 _fail(job.future, ReductionError(f"an earlier reduction failed: {self._failure}"))
                 continue
             start = now_us()
+            if self.algorithm is Algorithm.BALANCED and job.ready_event is None:
+                self._guard(functools.partial(self._push, job, start), job)
+                continue
             try:
                 count = self._run(job)
             except Exception as exc:  # any failure must reach the trainer through the future
-                self._failure = exc
-                logger.error(
-                    "reduction of %s (%s) failed on rank %d: %s",
-                    job.label,
-                    self.algorithm.value,
-                    self.rank,
-                    exc,
-                )
-                error = ReductionError(
-                    f"{self.algorithm.value} reduction of {job.label} failed on rank "
-                    f"{self.rank}: {exc}"
-                )
-                error.__cause__ = exc
-                _fail(job.future, error)
+                self._failed(job, exc)
                 continue
-            self.counter.add(count.sent, count.received, count.collectives)
-            self.timeline.complete(
-                f"reduce {job.label}",
-                _COMM_THREAD,
-                start,
-                now_us(),
-                {"bytes": _nbytes(job.flat), "sent": count.sent, "received": count.received},
+            self._finished(job, start, count, None)
+
+    def _push(self, job: _Job, start: int) -> None:
+        """Pipelined balanced path: the bucket completes when its last all-gather lands."""
+        parts = pieces(job.flat, self.world_size)
+        tally = [ByteCount()]
+        for i, part in enumerate(parts):
+            done = None
+            if i == len(parts) - 1:
+                # With N > 1 this runs after _push returned, so the tally is complete by
+                # then; with N = 1 it runs at once, and there is nothing to count.
+                def done(error: BaseException | None, job: _Job = job) -> None:
+                    self._finished(job, start, tally[0], error)
+
+            count = self._stream.push(part, done)
+            tally[0] = ByteCount(
+                tally[0].sent + count.sent,
+                tally[0].received + count.received,
+                tally[0].collectives + count.collectives,
             )
-            job.future.set_result(job.flat)
+
+    def _guard(self, action: Callable[[], None], job: _Job | None = None) -> None:
+        """Run a stream action; on failure, fail ``job`` and every bucket in flight."""
+        try:
+            action()
+        except Exception as exc:
+            self._stream.fail(exc)
+            if job is not None and not job.future.done():
+                self._failed(job, exc)
+
+    def _failed(self, job: _Job, exc: BaseException) -> None:
+        self._failure = exc
+        logger.error(
+            "reduction of %s (%s) failed on rank %d: %s",
+            job.label,
+            self.algorithm.value,
+            self.rank,
+            exc,
+        )
+        error = ReductionError(
+            f"{self.algorithm.value} reduction of {job.label} failed on rank {self.rank}: {exc}"
+        )
+        error.__cause__ = exc
+        _fail(job.future, error)
+
+    def _finished(
+        self, job: _Job, start: int, count: ByteCount, error: BaseException | None
+    ) -> None:
+        if error is not None:
+            self._failed(job, error)
+            return
+        self.counter.add(count.sent, count.received, count.collectives)
+        self.timeline.complete(
+            f"reduce {job.label}",
+            _COMM_THREAD,
+            start,
+            now_us(),
+            {"bytes": _nbytes(job.flat), "sent": count.sent, "received": count.received},
+        )
+        job.future.set_result(job.flat)
 
     def _run(self, job: _Job) -> Any:
         if job.ready_event is None:

@@ -30,7 +30,9 @@ on every rank, which is the point of the balanced buffer; the naive server conce
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 
 import torch
@@ -41,6 +43,7 @@ from trainport.distributed.trace import ByteCount
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "BalancedStream",
     "Scratch",
     "balanced_average",
     "naive_average",
@@ -49,7 +52,7 @@ __all__ = [
 
 Group = dist.ProcessGroup | None
 
-# Largest slice of a bucket reduced by one pair of collectives (see _in_pieces).
+# Largest slice of a bucket reduced by one pair of collectives (see pieces()).
 PIECE_BYTES = 4 * 2**20
 
 
@@ -82,11 +85,12 @@ class Algorithm(StrEnum):
     NAIVE = "naive"
 
 
-def _all_gather(output: torch.Tensor, shard: torch.Tensor, group: Group) -> None:
+def _all_gather(output: torch.Tensor, shard: torch.Tensor, group: Group) -> dist.Work:
     # torch 2.13 renamed all_gather_into_tensor to all_gather_single and deprecated the old
     # name; older torch (SageMaker's images) only has the old one.
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, shard, group=group)
+    work: dist.Work = gather(output, shard, group=group, async_op=True)
+    return work
 
 
 def ring_average(
@@ -114,17 +118,9 @@ def _in_pieces(
         return ByteCount()
     scratch = Scratch() if scratch is None else scratch
     flat.div_(world)
-    # gloo's all-to-all slows down sharply once messages pass a few MB on a busy host
-    # (64 MB on 3 ranks took 14x a ring all-reduce); pieces of PIECE_BYTES keep it linear.
-    step = max(world, PIECE_BYTES // flat.element_size())
     total = ByteCount()
-    for part in flat.split(step):
-        count = piece(part, group, scratch, world)
-        total = ByteCount(
-            total.sent + count.sent,
-            total.received + count.received,
-            total.collectives + count.collectives,
-        )
+    for part in pieces(flat, world):
+        total = _add(total, piece(part, group, scratch, world))
     return total
 
 
@@ -132,7 +128,12 @@ def balanced_average(
     flat: torch.Tensor, group: Group = None, scratch: Scratch | None = None
 ) -> ByteCount:
     """Average by the balanced sharded reduction: shard i is reduced by rank i."""
-    return _in_pieces(_balanced_piece, flat, group, scratch)
+    stream = BalancedStream(group, scratch)
+    total = ByteCount()
+    for piece in pieces(flat, stream.world):
+        total = _add(total, stream.push(piece))
+    stream.flush()
+    return total
 
 
 def naive_average(
@@ -142,27 +143,116 @@ def naive_average(
     return _in_pieces(_naive_piece, flat, group, scratch)
 
 
-def _balanced_piece(flat: torch.Tensor, group: Group, scratch: Scratch, world: int) -> ByteCount:
-    n = flat.numel()
-    shard = -(-n // world)
-    if shard * world == n:
-        padded = flat
-    else:
-        # Pad to N equal shards so every rank reduces (and sends) the same number of bytes.
-        padded = scratch.get("padded", flat, shard * world)
-        padded[:n].copy_(flat)
-        padded[n:].zero_()
-    received = scratch.get("received", flat, shard * world)
-    dist.all_to_all_single(received, padded, group=group)
-    # Row j holds rank j's copy of this rank's shard; summing rows in rank order makes the
-    # result independent of which rank computes it.
-    reduced = received.view(world, shard).sum(dim=0)
-    # The local shards are no longer needed, so the reduced ones land straight in place.
-    _all_gather(padded, reduced, group)
-    if padded is not flat:
-        flat.copy_(padded[:n])
-    wire = 2 * (world - 1) * shard * flat.element_size()
-    return ByteCount(sent=wire, received=wire, collectives=2)
+Done = Callable[[BaseException | None], None]
+
+
+@dataclass
+class _Gather:
+    """An all-gather in flight and what to do once it lands."""
+
+    work: dist.Work
+    padded: torch.Tensor
+    flat: torch.Tensor
+    reduced: torch.Tensor  # the gather's input: kept alive until it completes
+    done: Done | None
+
+
+class BalancedStream:
+    """The balanced reduction of a sequence of tensors, pipelined.
+
+    :meth:`push` divides a tensor by N, exchanges its shards (``all_to_all_single``, waited
+    for), sums this rank's shard and *starts* the ``all_gather``, so one tensor's all-gather
+    runs while the next one's all-to-all does: the gaps between the all-gather's dependent
+    ring steps are filled with other traffic. At most ``depth`` all-gathers are in flight.
+    Collectives are issued in push order, identical on every rank, whatever the timing;
+    ``done`` callbacks run in push order on the pushing thread, from a later :meth:`push`
+    or from :meth:`flush`.
+    """
+
+    def __init__(self, group: Group = None, scratch: Scratch | None = None, depth: int = 2):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.scratch = Scratch() if scratch is None else scratch
+        self.depth = depth
+        self._pending: deque[_Gather] = deque()
+        self._slot = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def push(self, flat: torch.Tensor, done: Done | None = None) -> ByteCount:
+        """Start averaging ``flat`` in place; ``done(None)`` once it holds the mean."""
+        world = self.world
+        if world == 1:
+            if done is not None:
+                done(None)
+            return ByteCount()
+        while len(self._pending) >= self.depth:
+            self._finish(self._pending.popleft())
+        flat.div_(world)
+        n = flat.numel()
+        shard = -(-n // world)
+        if shard * world == n:
+            padded = flat
+        else:
+            # Pad to N equal shards so every rank reduces (and sends) the same number of
+            # bytes. A padded buffer stays busy until its all-gather lands, and at most
+            # depth - 1 others are in flight now, so depth buffers in rotation suffice.
+            padded = self.scratch.get(f"padded{self._slot}", flat, shard * world)
+            self._slot = (self._slot + 1) % self.depth
+            padded[:n].copy_(flat)
+            padded[n:].zero_()
+        # Free again as soon as the sum below has copied this rank's shard out.
+        received = self.scratch.get("received", flat, shard * world)
+        dist.all_to_all_single(received, padded, group=self.group)
+        # Row j holds rank j's copy of this rank's shard; summing rows in rank order makes
+        # the result independent of which rank computes it.
+        reduced = received.view(world, shard).sum(dim=0)
+        # The local shards are no longer needed, so the reduced ones land straight in place.
+        work = _all_gather(padded, reduced, self.group)
+        self._pending.append(_Gather(work, padded, flat, reduced, done))
+        wire = 2 * (world - 1) * shard * flat.element_size()
+        return ByteCount(sent=wire, received=wire, collectives=2)
+
+    def _finish(self, gather: _Gather) -> None:
+        try:
+            gather.work.wait()
+        except Exception as exc:
+            # Already out of the queue, so fail() would not reach it: report it here.
+            if gather.done is not None:
+                gather.done(exc)
+            raise
+        if gather.padded is not gather.flat:
+            gather.flat.copy_(gather.padded[: gather.flat.numel()])
+        if gather.done is not None:
+            gather.done(None)
+
+    def flush(self) -> None:
+        """Wait for every all-gather in flight and run their callbacks."""
+        while self._pending:
+            self._finish(self._pending.popleft())
+
+    def fail(self, error: BaseException) -> None:
+        """Give up on everything in flight, passing ``error`` to each callback."""
+        pending, self._pending = self._pending, deque()
+        for gather in pending:
+            if gather.done is not None:
+                gather.done(error)
+
+
+def pieces(flat: torch.Tensor, world: int) -> tuple[torch.Tensor, ...]:
+    """``flat`` in consecutive views of at most PIECE_BYTES (but at least N elements).
+
+    gloo's all-to-all slows down sharply once messages pass a few MB on a busy host (64 MB
+    on 3 ranks took 14x a ring all-reduce); pieces of a few MB keep it linear.
+    """
+    step = max(world, PIECE_BYTES // flat.element_size())
+    return flat.split(step)
+
+
+def _add(a: ByteCount, b: ByteCount) -> ByteCount:
+    return ByteCount(a.sent + b.sent, a.received + b.received, a.collectives + b.collectives)
 
 
 def _naive_piece(flat: torch.Tensor, group: Group, scratch: Scratch, world: int) -> ByteCount:
