@@ -6,9 +6,10 @@ driver, authenticates with a per-run key, loads its data partition and then serv
 with the same protocol as the local backend's processes (:mod:`.worker`). The driver blocks
 in :func:`multiprocessing.connection.wait` on the task connections.
 
-Spark restarts a barrier stage only as a whole, so a lost task cannot be replaced alone:
-with replicas the epoch continues on the other copies while Spark keeps them running;
-otherwise the run fails with a :class:`~trainport.errors.JobError` and must be resumed.
+Spark runs a barrier stage only as a whole: when one task dies, Spark aborts the others.
+So :meth:`SparkBackend.restart` launches the whole stage again (every worker reloads its
+partition) and reports the units that were running elsewhere as lost; the driver re-runs
+them from the models' last states, as with any lost unit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def _task(
     trainer: Trainer,
     partitions: list[list[DataFile]],
     placement: Placement,
+    history: dict[int, WorkerStats],
 ) -> Callable[[Iterator[Any]], Iterator[int]]:
     """The function every barrier task runs; it becomes one MOP worker."""
 
@@ -61,7 +63,8 @@ def _task(
         answer_challenge(conn, authkey)
         deliver_challenge(conn, authkey)
         conn.send(("hello", worker))
-        stats = WorkerStats(worker, placement.partition_of(worker))
+        # Counters carry on from earlier launches of the stage: every load and byte counts.
+        stats = history.get(worker) or WorkerStats(worker, placement.partition_of(worker))
         serve(conn, trainer, partitions[placement.partition_of(worker)], stats)
         conn.close()
         yield worker
@@ -90,6 +93,12 @@ class SparkBackend(Backend):
         self._job_error: BaseException | None = None
         self._session: Any = None
         self._owns_session = False
+        self._trainer: Trainer | None = None
+        self._partitions: list[list[DataFile]] = []
+        self._placement: Placement | None = None
+        self._lost: list[WorkerLost] = []
+        # Workers whose current connection has not been lost since the last (re)launch.
+        self._fresh: set[int] = set()
 
     def start(
         self, trainer: Trainer, partitions: Sequence[Sequence[DataFile]], placement: Placement
@@ -110,57 +119,91 @@ class SparkBackend(Backend):
                 builder = builder.config(key, value)
             self._session = builder.getOrCreate()
             self._owns_session = True
+        self._trainer = trainer
+        self._partitions = [list(p) for p in partitions]
+        self._placement = placement
+        self._launch()
+
+    def _launch(self) -> None:
+        """Run the barrier stage and wait until every task has connected and loaded."""
+        # Both set by start(), not user input.
+        assert self._placement is not None and self._trainer is not None
+        n = self._placement.workers
         server = socket.create_server((self._host, 0))
-        server.settimeout(self._timeout)
+        # Short accept timeouts so a failed stage is noticed well before the deadline.
+        server.settimeout(1.0)
         authkey = os.urandom(32)
         task = _task(
-            server.getsockname()[:2], authkey, trainer, [list(p) for p in partitions], placement
+            server.getsockname()[:2],
+            authkey,
+            self._trainer,
+            self._partitions,
+            self._placement,
+            dict(self._stats),
         )
         sc = self._session.sparkContext
+        self._job_error = None
 
         def job() -> None:
             try:
                 sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
             except BaseException as exc:  # surfaced to the driver as lost workers
                 self._job_error = exc
-                log.error("spark backend: barrier stage ended: %s", exc)
+                log.warning("spark backend: barrier stage ended: %s", str(exc)[:500])
 
         self._job = threading.Thread(target=job, name="trainport-select-spark", daemon=True)
         self._job.start()
         deadline = time.monotonic() + self._timeout
+        conns: dict[int, Connection] = {}
         try:
-            while len(self._conns) < n:
+            while len(conns) < n:
                 if self._job_error is not None or time.monotonic() > deadline:
                     raise JobError(
-                        f"spark backend: only {len(self._conns)} of {n} barrier tasks connected "
+                        f"spark backend: only {len(conns)} of {n} barrier tasks connected "
                         f"({self._job_error or 'timed out'}); the cluster needs {n} free slots"
                     )
                 try:
                     sock, _ = server.accept()
                 except TimeoutError:
                     continue
+                sock.settimeout(None)
                 conn = Connection(sock.detach())
                 deliver_challenge(conn, authkey)
                 answer_challenge(conn, authkey)
                 kind, worker = conn.recv()
                 if kind != "hello":
                     raise JobError(f"spark backend: a task sent {kind!r} instead of hello")
-                self._conns[worker] = conn
+                conns[worker] = conn
         finally:
             server.close()
-        for worker, conn in self._conns.items():
+        for worker, conn in conns.items():
             kind, stats = conn.recv()
             if kind != "ready":
                 raise JobError(f"spark worker {worker} failed to load its partition")
             self._stats[worker] = stats
+        self._conns = conns
+        self._fresh = set(conns)
         log.info("spark backend: %d barrier tasks ready", n)
 
     def restart(self, worker: int) -> None:
-        raise JobError(
-            f"spark worker {worker} was lost and its partition has no other copy; Spark "
-            "restarts barrier stages only as a whole. Rerun with replicas >= 2 or use the "
-            "local or ray backend"
-        )
+        """Restart the whole barrier stage: Spark cannot replace one barrier task alone.
+
+        Units still running on the other tasks die with the stage; they are reported as
+        lost by the next :meth:`wait`, and restarting those workers afterwards is a no-op.
+        """
+        if worker in self._fresh:
+            return  # already relaunched with the stage that replaced the lost one
+        for conn in self._conns.values():
+            with contextlib.suppress(OSError):
+                conn.close()
+        for other, unit in sorted(self._running.items()):
+            if other != worker:
+                self._lost.append(WorkerLost(other, unit, "barrier stage restarted"))
+        self._running.clear()
+        if self._job is not None:
+            self._job.join(timeout=self._timeout)
+        log.info("spark backend: restarting the barrier stage after worker %d was lost", worker)
+        self._launch()
 
     def submit(self, task: UnitTask) -> None:
         self._running[task.unit.worker] = task.unit
@@ -169,6 +212,10 @@ class SparkBackend(Backend):
             self._conns[task.unit.worker].send(("unit", task))
 
     def wait(self) -> list[Event]:
+        if self._lost:
+            lost: list[Event] = list(self._lost)
+            self._lost.clear()
+            return lost
         busy = {w: self._conns[w] for w in self._running}
         if not busy:
             return []
@@ -181,6 +228,7 @@ class SparkBackend(Backend):
             try:
                 message = conn.recv()
             except (EOFError, OSError):
+                self._fresh.discard(worker)
                 events.append(WorkerLost(worker, unit, "barrier task connection closed"))
                 continue
             if message[0] == "error":
