@@ -15,11 +15,12 @@ import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainport.errors import NotFoundError, ResourceInUseError
 from trainport.jobs.records import JobRecord, MetricPoint
 
-__all__ = ["JobDB", "ListQuery"]
+__all__ = ["JobDB", "JobSummary", "ListQuery"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -44,6 +45,19 @@ CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics (job, name, ts);
 """
 
 _SORT_COLUMNS = {"Name": "name", "CreationTime": "creation_time", "Status": "status"}
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One job as a list shows it (the fields of a TrainingJobSummary)."""
+
+    name: str
+    arn: str
+    status: str
+    secondary_status: str
+    creation_time: float
+    last_modified_time: float
+    training_end_time: float | None
 
 
 @dataclass(frozen=True)
@@ -139,7 +153,7 @@ class JobDB:
                 )
             return new
 
-    def list(self, query: ListQuery) -> builtins.list[JobRecord]:
+    def _select(self, columns: str, query: ListQuery) -> builtins.list[tuple[Any, ...]]:
         where: builtins.list[str] = []
         args: builtins.list[object] = []
         if query.name_contains:
@@ -157,7 +171,7 @@ class JobDB:
                 args.append(value)
         column = _SORT_COLUMNS.get(query.sort_by, "creation_time")
         order = "ASC" if query.sort_order == "Ascending" else "DESC"
-        sql = "SELECT doc FROM jobs"
+        sql = f"SELECT {columns} FROM jobs"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY {column} {order}, name {order}"
@@ -165,8 +179,19 @@ class JobDB:
             sql += " LIMIT ? OFFSET ?"
             args += [query.limit, query.offset]
         with self._connect() as conn:
-            rows = conn.execute(sql, args).fetchall()
-        return [JobRecord.from_json(json.loads(r[0])) for r in rows]
+            return conn.execute(sql, args).fetchall()
+
+    def list(self, query: ListQuery) -> builtins.list[JobRecord]:
+        return [JobRecord.from_json(json.loads(r[0])) for r in self._select("doc", query)]
+
+    def list_summaries(self, query: ListQuery) -> builtins.list[JobSummary]:
+        """What ListTrainingJobs shows, read without decoding each whole record."""
+        rows = self._select(
+            "name, json_extract(doc, '$.arn'), status, json_extract(doc, '$.secondary_status'), "
+            "creation_time, last_modified_time, json_extract(doc, '$.training_end_time')",
+            query,
+        )
+        return [JobSummary(*row) for row in rows]
 
     def names_in_status(self, statuses: Sequence[str]) -> builtins.list[str]:
         marks = ",".join("?" * len(statuses))

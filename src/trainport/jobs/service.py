@@ -30,7 +30,7 @@ from trainport.host import command as commands
 from trainport.host.artifacts import upload_merged
 from trainport.host.channels import resolve_channel
 from trainport.jobs import liveness
-from trainport.jobs.db import JobDB, ListQuery
+from trainport.jobs.db import JobDB, JobSummary, ListQuery
 from trainport.jobs.records import JobRecord, Transition
 from trainport.jobs.status import Finished, Phase, Status, StopRequested, advance
 from trainport.runners.api import select_runner
@@ -212,6 +212,11 @@ class JobService:
         if self.reconcile_on_read:
             self.reconcile()
         return self.db.list(query or ListQuery())
+
+    def list_summaries(self, query: ListQuery | None = None) -> builtins.list[JobSummary]:
+        if self.reconcile_on_read:
+            self.reconcile()
+        return self.db.list_summaries(query or ListQuery())
 
     def metric_series(self, name: str) -> dict[str, builtins.list[tuple[float, float]]]:
         self.db.get(name)

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from trainport.errors import ValidationError
-from trainport.jobs.db import ListQuery
+from trainport.jobs.db import JobSummary, ListQuery
 from trainport.jobs.records import JobRecord
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
@@ -74,7 +74,7 @@ def _decode_token(token: str) -> int:
     return offset
 
 
-def summary(record: JobRecord) -> dict[str, Any]:
+def summary(record: JobRecord | JobSummary) -> dict[str, Any]:
     out: dict[str, Any] = {
         "TrainingJobName": record.name,
         "TrainingJobArn": record.arn,
@@ -137,7 +137,7 @@ class SageMakerApi:
             offset=offset,
             limit=limit + 1,  # one more tells whether there is a next page
         )
-        records = self.service.list(query)
+        records = self.service.list_summaries(query)
         out: dict[str, Any] = {"TrainingJobSummaries": [summary(r) for r in records[:limit]]}
         if len(records) > limit:
             out["NextToken"] = _encode_token(offset + limit)
