@@ -105,6 +105,9 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             "sent": reducer.counter.snapshot().sent if reducer else None,
         }
         if reducer is not None:
+            if args.get("trace_dir"):
+                name = f"{method}-N{topo.world_size}-rank{topo.rank}.json"
+                reducer.timeline.write(Path(args["trace_dir"]) / name)
             reducer.close()
         dist.barrier()
     results["gradient_bytes"] = sum(p.numel() * 4 for p in model.parameters())
@@ -203,6 +206,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=Path("/tmp/distributed_e2e.json"))
     parser.add_argument("--chart", type=Path, default=Path("docs/img/distributed_e2e.png"))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/distributed_e2e"))
+    parser.add_argument("--trace-dir", type=Path, help="write each hook's per-rank timeline")
     opts = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     common = {
@@ -210,6 +214,9 @@ def main() -> None:
         for key in ("width", "layers", "batch", "forward_ms", "backward_ms", "bucket_mb")
     }
     common.update(methods=opts.methods, warmup=opts.warmup)
+    if opts.trace_dir:
+        opts.trace_dir.mkdir(parents=True, exist_ok=True)
+        common["trace_dir"] = str(opts.trace_dir.resolve())
     script = Path(__file__)
     with Hosts(1, None) as alone:
         one = run_ranks(

@@ -18,6 +18,10 @@ algorithm      how                                                    bytes each
                mean back (two uneven ``all_to_all_single`` calls)
 =============  =====================================================  =====================
 
+``balanced`` runs through a :class:`BalancedStream`, which leaves each all-gather in flight
+while the next slice's all-to-all runs; buckets are cut into slices of at most
+``PIECE_BYTES`` (see :func:`pieces`).
+
 Like DDP's own reduction, each divides by N *before* summing, so that fp16/bf16 gradients
 cannot overflow in the sum and the ring variant matches DDP bit for bit.
 
