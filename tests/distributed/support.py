@@ -31,6 +31,7 @@ def launch(
     timeout: float = 120.0,
     args: dict[str, Any] | None = None,
     expect_exit: dict[int, int] | None = None,
+    sagemaker: bool = False,
 ) -> list[dict[str, Any]]:
     """Run ``worker.py scenario`` as ranks 0..world-1 and return each rank's JSON report.
 
@@ -43,7 +44,17 @@ def launch(
     logs: list[BinaryIO] = []
     for rank in range(world):
         env = dict(os.environ)
-        env.update(torchrun_env(torchrun_topology(1, world, 0, rank, "127.0.0.1", port)))
+        if sagemaker:
+            # SageMaker without torchrun: one process per host, placement from SM_HOSTS.
+            hosts = [f"algo-{k + 1}" for k in range(world)]
+            env.update(
+                SM_HOSTS=json.dumps(hosts[::-1]),  # unsorted on purpose
+                SM_CURRENT_HOST=hosts[rank],
+                MASTER_ADDR="127.0.0.1",  # algo-1 does not resolve on this machine
+                MASTER_PORT=str(port),
+            )
+        else:
+            env.update(torchrun_env(torchrun_topology(1, world, 0, rank, "127.0.0.1", port)))
         # Two cores shared by up to four ranks: intra-op threads would only fight.
         env["OMP_NUM_THREADS"] = "1"
         env["GLOO_SOCKET_IFNAME"] = "lo"

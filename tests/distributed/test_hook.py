@@ -84,3 +84,10 @@ def test_dead_peer_fails_the_others(tmp_path: Path) -> None:
     for rank in (0, 2):
         assert reports[rank]["failed_at_step"] == 2
         assert f"balanced reduction of bucket 0 failed on rank {rank}" in reports[rank]["message"]
+
+
+def test_sagemaker_variables_form_the_group(tmp_path: Path) -> None:
+    """No torchrun: SM_HOSTS / SM_CURRENT_HOST place the ranks, rank 0 serves the store."""
+    reports = launch(3, "join", tmp_path, timeout=90, sagemaker=True)
+    assert [r["rank"] for r in reports] == [0, 1, 2]
+    assert all(r["launcher"] == "sagemaker" and r["join"]["sum"] == 6.0 for r in reports)

@@ -107,16 +107,21 @@ def test_bad_environment_is_named(env: dict[str, str], names: str) -> None:
 REPORT = textwrap.dedent(
     """
     import json, os, sys
-    from trainport.distributed.topology import topology_from_env
-    topo = topology_from_env()
+    import torch, torch.distributed as dist
+    from trainport.distributed import init_process_group
+    topo = init_process_group()  # joins torchrun's agent store through env://
+    total = torch.tensor([topo.rank + 1.0])
+    dist.all_reduce(total)
     keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
             "MASTER_ADDR", "MASTER_PORT"]
     report = {"env": {k: os.environ.get(k) for k in keys},
+              "sum": total.item(),
               "topology": [topo.rank, topo.world_size, topo.local_rank,
                            topo.local_world_size, topo.group_rank, topo.num_nodes]}
     with open(os.path.join(sys.argv[1], f"node{topo.group_rank}-local{topo.local_rank}.json"),
               "w") as f:
         json.dump(report, f)
+    dist.destroy_process_group()
     """
 )
 
@@ -143,6 +148,8 @@ def _check_reports(tmp_path: Path, nnodes: int, nproc: int) -> None:
                 expected.num_nodes,
             ]
             assert report["env"]["RANK"] == str(expected.rank)
+            world = nnodes * nproc
+            assert report["sum"] == world * (world + 1) / 2  # the group really formed
             assert report["env"]["GROUP_RANK"] == str(node)
 
 

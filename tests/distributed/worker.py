@@ -164,7 +164,15 @@ def peer_dies(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"failed_at_step": None}
 
 
+def join(rank: int, args: dict[str, Any]) -> dict[str, Any]:
+    """The group formed: an all-reduce of rank + 1 sums to N(N+1)/2 everywhere."""
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    return {"sum": total.item()}
+
+
 SCENARIOS = {
+    "join": join,
     "gradients": gradients,
     "traffic": traffic,
     "soak": soak,
@@ -178,7 +186,11 @@ def main() -> None:
     args = json.loads(raw)
     args["out"] = str(out)
     topology = init_process_group()
-    results: dict[str, Any] = {"rank": topology.rank, "world_size": topology.world_size}
+    results: dict[str, Any] = {
+        "rank": topology.rank,
+        "world_size": topology.world_size,
+        "launcher": topology.launcher.value,
+    }
     for name in scenario.split(","):
         results[name] = SCENARIOS[name](topology.rank, args)
     (out / f"rank{topology.rank}.json").write_text(json.dumps(results))
