@@ -174,3 +174,17 @@ def test_real_torchrun_two_nodes(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
     _check_reports(tmp_path, 2, 2)
+
+
+def test_imports_nothing_of_the_platform() -> None:
+    """Training scripts use this package inside real SageMaker, where trainport is absent."""
+    code = (
+        "import json, sys, trainport.distributed; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('trainport'))))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out)
+    assert all(m == "trainport" or m.startswith("trainport.distributed") for m in loaded), loaded
