@@ -25,7 +25,7 @@ def require(condition: bool, reason: str) -> None:
     if condition:
         return
     if os.environ.get("TRAINPORT_CI_NO_SKIP") == "1":
-        pytest.fail(f"required in CI but unavailable: {reason}")
+        pytest.fail(f"TRAINPORT_CI_NO_SKIP=1 but {reason}", pytrace=False)
     pytest.skip(reason)
 
 

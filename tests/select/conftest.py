@@ -7,13 +7,13 @@ is set, where a missing package must fail the run instead of hiding behind a ski
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from tests.conftest import require as require_capability
 
 
 def require(module: str, reason: str = "") -> ModuleType:
@@ -21,19 +21,16 @@ def require(module: str, reason: str = "") -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        message = f"{module} is not installed{': ' + reason if reason else ''} ({exc})"
-        if os.environ.get("TRAINPORT_CI_NO_SKIP") == "1":
-            pytest.fail(f"TRAINPORT_CI_NO_SKIP=1 but {message}", pytrace=False)
-        pytest.skip(message)
+        require_capability(
+            False, f"{module} is not installed{': ' + reason if reason else ''} ({exc})"
+        )
+        raise  # unreachable: require_capability skipped or failed
 
 
 def require_binary(name: str) -> str:
     path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not on PATH"
-        if os.environ.get("TRAINPORT_CI_NO_SKIP") == "1":
-            pytest.fail(f"TRAINPORT_CI_NO_SKIP=1 but {message}", pytrace=False)
-        pytest.skip(message)
+    require_capability(path is not None, f"{name} is not on PATH")
+    assert path is not None
     return path
 
 

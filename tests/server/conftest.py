@@ -3,7 +3,6 @@ signed with its key, and tiny real training jobs."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
+from tests.conftest import require
 from trainport.config import load_settings
 from trainport.server.app import ServerConfig, TrainportServer, build_server
 
@@ -21,16 +21,6 @@ KEY_ID = "TPAKTESTKEY000000001"
 SECRET = "test-secret-for-the-server-tests"
 TERMINAL = ("Completed", "Failed", "Stopped")
 CHROMIUM = "/usr/bin/chromium"
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip when ``condition`` is false, except in CI (TRAINPORT_CI_NO_SKIP=1), where a
-    missing capability is a failure: CI must not go green by skipping."""
-    if condition:
-        return
-    if os.environ.get("TRAINPORT_CI_NO_SKIP") == "1":
-        pytest.fail(f"required in CI but unavailable: {reason}")
-    pytest.skip(reason)
 
 
 def require_chromium() -> str:
