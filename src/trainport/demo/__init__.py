@@ -33,7 +33,8 @@ def make_dataset(rows: int, seed: int) -> bytes:
 
 
 def run_demo(*, epochs: int = 5, runner: str | None = None) -> int:
-    from trainport.cli import _summary, build_request, follow_job
+    from trainport.cli import _summary, follow_job
+    from trainport.jobfile import build_request
     from trainport.jobs.service import JobService
 
     service = JobService()
