@@ -34,7 +34,10 @@ from trainport.distributed import torchrun_env, torchrun_topology
 logger = logging.getLogger("distributed_hosts")
 
 REPO = Path(__file__).resolve().parents[1]
-PREFIX = "tpdp"
+# Interface and namespace names start with this; set TRAINPORT_NETNS_PREFIX (at most 6
+# characters) to keep two benchmark runs on one machine from removing each other's hosts as
+# leftovers.
+PREFIX = os.environ.get("TRAINPORT_NETNS_PREFIX", "tpdp")[:6]
 SUBNET = "10.77.0"
 BRIDGE = f"{PREFIX}-br"
 

@@ -91,3 +91,21 @@ def test_sagemaker_variables_form_the_group(tmp_path: Path) -> None:
     reports = launch(3, "join", tmp_path, timeout=90, sagemaker=True)
     assert [r["rank"] for r in reports] == [0, 1, 2]
     assert all(r["launcher"] == "sagemaker" and r["join"]["sum"] == 6.0 for r in reports)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 16])
+def test_slices_cover_the_bucket_in_bounded_pieces(world: int) -> None:
+    import torch
+
+    from trainport.distributed.reduction import MIN_PIECES, MIN_SHARD_BYTES, PIECE_BYTES, pieces
+
+    largest = max(PIECE_BYTES // 4, world * MIN_SHARD_BYTES // 4)
+    for n in (1, world, 1000, 131_072, 262_145, 5 * 2**20 // 4 + 3):
+        flat = torch.arange(n, dtype=torch.float32)
+        parts = pieces(flat, world)
+        assert torch.equal(torch.cat(parts), flat)
+        assert all(p.numel() <= largest for p in parts)
+        # Short tensors are still cut (for several all-to-alls in flight), never into
+        # shards below MIN_SHARD_BYTES; long ones into PIECE_BYTES slices.
+        assert len(parts) <= max(MIN_PIECES, -(-n // (PIECE_BYTES // 4)))
+        assert all(p.numel() >= world * MIN_SHARD_BYTES // 4 for p in parts[:-1])

@@ -137,7 +137,7 @@ class ShardedReducer:
             if self._stream.busy and self._queue.empty():
                 # Nothing new to start: let the all-gathers in flight land so DDP gets its
                 # buckets now (this issues no collective, so the order stays the same).
-                self._guard(self._stream.flush)
+                self._guard(self._stream.wait)
             job = self._queue.get()
             if job is None:
                 self._guard(self._stream.flush)
@@ -174,6 +174,9 @@ class ShardedReducer:
                 tally[0].received + count.received,
                 tally[0].collectives + count.collectives,
             )
+        # Start the bucket's last all-gathers now, at a point that does not depend on
+        # timing (the next bucket may be long in coming); only waiting is left for later.
+        self._stream.settle()
 
     def _guard(self, action: Callable[[], None], job: _Job | None = None) -> None:
         """Run a stream action; on failure, fail ``job`` and every bucket in flight."""
