@@ -21,7 +21,7 @@ from typing import Any
 from trainport.config import Settings, load_settings
 from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, ValidationError
 from trainport.jobs.db import ListQuery
-from trainport.jobs.records import JobRecord, MetricPoint, Transition
+from trainport.jobs.records import ECHOED_REQUEST_FIELDS, JobRecord, MetricPoint, Transition
 from trainport.jobs.status import Status
 from trainport.store.api import ObjectStore, open_store
 
@@ -41,21 +41,10 @@ def _epoch(value: Any) -> float | None:
 
 def record_from_describe(doc: dict[str, Any]) -> JobRecord:
     """A JobRecord view of a DescribeTrainingJob response (what the CLI prints from)."""
-    request_keys = (
-        "HyperParameters",
-        "AlgorithmSpecification",
-        "RoleArn",
-        "InputDataConfig",
-        "OutputDataConfig",
-        "ResourceConfig",
-        "StoppingCondition",
-        "CheckpointConfig",
-        "Environment",
-    )
     return JobRecord(
         name=doc["TrainingJobName"],
         arn=doc["TrainingJobArn"],
-        request={k: doc[k] for k in request_keys if k in doc},
+        request={k: doc[k] for k in ECHOED_REQUEST_FIELDS if k in doc},
         creation_time=_epoch(doc.get("CreationTime")) or 0.0,
         status=doc["TrainingJobStatus"],
         secondary_status=doc.get("SecondaryStatus", ""),

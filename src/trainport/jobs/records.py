@@ -6,7 +6,29 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["JobRecord", "MetricPoint", "Transition"]
+__all__ = ["ECHOED_REQUEST_FIELDS", "JobRecord", "MetricPoint", "Transition"]
+
+
+#: The request fields DescribeTrainingJob echoes back, in its order.
+ECHOED_REQUEST_FIELDS = (
+    "HyperParameters",
+    "AlgorithmSpecification",
+    "RoleArn",
+    "InputDataConfig",
+    "OutputDataConfig",
+    "ResourceConfig",
+    "VpcConfig",
+    "StoppingCondition",
+    "EnableNetworkIsolation",
+    "EnableInterContainerTrafficEncryption",
+    "EnableManagedSpotTraining",
+    "CheckpointConfig",
+    "DebugHookConfig",
+    "ExperimentConfig",
+    "TensorBoardOutputConfig",
+    "Environment",
+    "RetryStrategy",
+)
 
 
 @dataclass(frozen=True)
@@ -88,25 +110,7 @@ class JobRecord:
             "ModelArtifacts": {"S3ModelArtifacts": self.model_artifacts or ""},
         }
         # Echo of the request, as SageMaker's response carries it.
-        for key in (
-            "HyperParameters",
-            "AlgorithmSpecification",
-            "RoleArn",
-            "InputDataConfig",
-            "OutputDataConfig",
-            "ResourceConfig",
-            "VpcConfig",
-            "StoppingCondition",
-            "EnableNetworkIsolation",
-            "EnableInterContainerTrafficEncryption",
-            "EnableManagedSpotTraining",
-            "CheckpointConfig",
-            "DebugHookConfig",
-            "ExperimentConfig",
-            "TensorBoardOutputConfig",
-            "Environment",
-            "RetryStrategy",
-        ):
+        for key in ECHOED_REQUEST_FIELDS:
             if key in req:
                 out[key] = req[key]
         out.setdefault("StoppingCondition", {"MaxRuntimeInSeconds": 86400})
