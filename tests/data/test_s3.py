@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from tests.data.support import FifoProducer, make_records
 from trainport.data import (
@@ -22,19 +20,10 @@ from trainport.data import (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+def endpoint(moto_endpoint: str) -> str:
+    """The suite's moto server (tests/conftest.py): one real S3 endpoint over HTTP."""
+    return moto_endpoint
 
 
 @pytest.fixture
