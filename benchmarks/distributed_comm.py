@@ -180,6 +180,11 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--slow-reps", type=int, default=1, help="reps at <= 100 Mbit/s")
+    parser.add_argument(
+        "--congestion-control",
+        default="cubic",
+        help="TCP congestion control inside the namespace hosts (see distributed_hosts.py)",
+    )
     parser.add_argument("--results", type=Path, default=Path("/tmp/distributed_comm.json"))
     parser.add_argument("--chart", type=Path, default=Path("docs/img/distributed_comm.png"))
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/distributed_comm"))
@@ -188,7 +193,7 @@ def main() -> None:
     rows: list[dict] = []
     for network in opts.networks:
         rate = None if network == "loopback" else int(network)
-        hosts = Hosts(max(opts.worlds), rate)
+        hosts = Hosts(max(opts.worlds), rate, opts.congestion_control)
         reps = opts.slow_reps if rate is not None and rate <= 100 else opts.reps
         with hosts:
             for world in opts.worlds:

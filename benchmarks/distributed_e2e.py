@@ -9,8 +9,9 @@ pass. The gradients are real: ``--layers`` x Linear(width, width) in float32 (4.
 defaults), fused into DDP buckets of ``--bucket-mb``.
 
 Per network (loopback; namespace hosts shaped to 100, 400, 1000 Mbit/s each way, see
-``distributed_hosts.py``) and per N = 2..4, each method trains ``--steps`` measured steps
-after ``--warmup`` unmeasured ones:
+``distributed_hosts.py``) and per N = 2..4, each method trains ``--warmup`` unmeasured
+steps, then the methods take turns for ``--rounds`` rounds of ``--steps`` measured steps
+(so that changes in the shared machine's load fall on all of them alike):
 
 - **samples/s** = N x batch / mean step time (slowest rank);
 - **scaling efficiency** = samples/s / (N x samples/s of one rank with default DDP); one
@@ -75,7 +76,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             return EmulatedCompute.apply(torch.relu(self.linear(x)))
 
     width, batch = args["width"], args["batch"]
-    results: dict[str, Any] = {}
+    data = torch.randn(batch, width, generator=torch.Generator().manual_seed(topo.rank))
+    setups = {}
     for method in args["methods"]:
         torch.manual_seed(0)
         model = DDP(
@@ -85,22 +87,37 @@ def worker(out: Path, args: dict[str, Any]) -> None:
         reducer = None
         if method != "ddp":
             reducer = register_sharded_hook(model, algorithm=method)
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-        data = torch.randn(batch, width, generator=torch.Generator().manual_seed(topo.rank))
+        setups[method] = (model, reducer, torch.optim.SGD(model.parameters(), lr=1e-3))
+
+    def train(method: str, count: int) -> tuple[list[float], list[float]]:
+        model, _reducer, opt = setups[method]
         steps, exposed = [], []
-        for i in range(args["warmup"] + args["steps"]):
-            if i == args["warmup"]:
-                dist.barrier()
+        for _ in range(count):
             start = time.perf_counter()
             opt.zero_grad()
             model(data).pow(2).mean().backward()
             backward_end = time.perf_counter()
             opt.step()
-            if i >= args["warmup"]:
-                steps.append(time.perf_counter() - start)
-                exposed.append(backward_end - clock["backward_compute_end"])
+            steps.append(time.perf_counter() - start)
+            exposed.append(backward_end - clock["backward_compute_end"])
+        return steps, exposed
+
+    for method in args["methods"]:
+        train(method, args["warmup"])
+    # Methods take turns, a block of steps each per round, so that a change in the
+    # machine's load (it is shared) falls on all of them alike.
+    rounds: dict[str, list[tuple[list[float], list[float]]]] = {m: [] for m in setups}
+    for _ in range(args["rounds"]):
+        for method in args["methods"]:
+            dist.barrier()
+            rounds[method].append(train(method, args["steps"]))
+    results: dict[str, Any] = {}
+    for method, (_model, reducer, _opt) in setups.items():
+        steps = [t for block, _ in rounds[method] for t in block]
+        exposed = [t for _, block in rounds[method] for t in block]
         results[method] = {
             "step_s": sum(steps) / len(steps),
+            "round_step_s": [sum(block) / len(block) for block, _ in rounds[method]],
             "exposed_s": sum(exposed) / len(exposed),
             "sent": reducer.counter.snapshot().sent if reducer else None,
         }
@@ -109,7 +126,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
                 name = f"{method}-N{topo.world_size}-rank{topo.rank}.json"
                 reducer.timeline.write(Path(args["trace_dir"]) / name)
             reducer.close()
-        dist.barrier()
+    dist.barrier()
+    model = next(iter(setups.values()))[0]
     results["gradient_bytes"] = sum(p.numel() * 4 for p in model.parameters())
     (out / f"rank{topo.rank}.json").write_text(json.dumps(results))
     dist.barrier()
@@ -125,6 +143,11 @@ def summarise(
             continue
         step = max(r[method]["step_s"] for r in reports)
         rate = world * batch / step
+        per_round = [
+            max(r[method]["round_step_s"][i] for r in reports)
+            for i in range(len(reports[0][method]["round_step_s"]))
+        ]
+        spread = [] if base is None else [batch / t / base for t in per_round]
         rows.append(
             {
                 "network": network,
@@ -134,6 +157,7 @@ def summarise(
                 "samples_s": rate,
                 "efficiency": None if base is None else rate / (world * base),
                 "exposed_ms": max(r[method]["exposed_s"] for r in reports) * 1e3,
+                "round_efficiency": spread,
             }
         )
     return rows
@@ -142,13 +166,15 @@ def summarise(
 def print_table(rows: list[dict]) -> None:
     print(
         f"{'network':>12} {'N':>2} {'method':>9} {'step ms':>8} {'samples/s':>9} "
-        f"{'efficiency':>10} {'exposed ms':>10}"
+        f"{'efficiency':>10} {'exposed ms':>10} {'per round':>17}"
     )
     for r in rows:
         eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.3f}"
+        spread = r["round_efficiency"]
+        lo_hi = f"{min(spread):.3f}-{max(spread):.3f}" if spread else "-"
         print(
             f"{r['network']:>12} {r['world']:>2} {r['method']:>9} {r['step_ms']:>8.1f} "
-            f"{r['samples_s']:>9.1f} {eff:>10} {r['exposed_ms']:>10.1f}"
+            f"{r['samples_s']:>9.1f} {eff:>10} {r['exposed_ms']:>10.1f} {lo_hi:>17}"
         )
     sys.stdout.flush()
 
@@ -200,8 +226,14 @@ def main() -> None:
     parser.add_argument("--forward-ms", type=float, default=30.0)
     parser.add_argument("--backward-ms", type=float, default=60.0)
     parser.add_argument("--bucket-mb", type=float, default=0.5)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--slow-steps", type=int, default=8, help="steps at <= 100 Mbit/s")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per round")
+    parser.add_argument("--slow-steps", type=int, default=4, help="the same at <= 100 Mbit/s")
+    parser.add_argument("--rounds", type=int, default=3, help="turns each method takes")
+    parser.add_argument(
+        "--congestion-control",
+        default="cubic",
+        help="TCP congestion control inside the namespace hosts (see distributed_hosts.py)",
+    )
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--results", type=Path, default=Path("/tmp/distributed_e2e.json"))
     parser.add_argument("--chart", type=Path, default=Path("docs/img/distributed_e2e.png"))
@@ -213,7 +245,7 @@ def main() -> None:
         key: getattr(opts, key)
         for key in ("width", "layers", "batch", "forward_ms", "backward_ms", "bucket_mb")
     }
-    common.update(methods=opts.methods, warmup=opts.warmup)
+    common.update(methods=opts.methods, warmup=opts.warmup, rounds=opts.rounds)
     if opts.trace_dir:
         opts.trace_dir.mkdir(parents=True, exist_ok=True)
         common["trace_dir"] = str(opts.trace_dir.resolve())
@@ -237,7 +269,7 @@ def main() -> None:
     for network in opts.networks:
         rate = None if network == "loopback" else int(network)
         steps = opts.slow_steps if rate is not None and rate <= 100 else opts.steps
-        with Hosts(max(opts.worlds), rate) as hosts:
+        with Hosts(max(opts.worlds), rate, opts.congestion_control) as hosts:
             for world in opts.worlds:
                 reports = run_ranks(
                     hosts,

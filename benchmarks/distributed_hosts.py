@@ -7,7 +7,15 @@ interface (``eth0``, 10.77.0.k/24) on a veth pair whose other end sits on a brid
 root namespace. A token bucket (``tc qdisc ... tbf``; netem is not available on these
 kernels) caps both directions of each host's link: the namespace end shapes what the host
 sends, the bridge end what it receives, so each host behaves like a full-duplex NIC of that
-rate. Namespaces and the bridge are removed on exit, on error and on SIGTERM/SIGINT, and any
+rate. Two settings make the namespaces behave like hosts on a real network:
+
+- TCP uses ``congestion_control`` (default ``cubic``, Linux's own default). This VM's
+  kernel defaults to ``bbr``, under which gloo's per-peer connections, idle between
+  buckets, stalled for 30-170 ms two or three times per step at N = 4 (docs/benchmarks.md).
+- Each veth end steers its received packets to one CPU (RPS), so a flow stays in order as
+  it would through a NIC's receive queue (see ``_create``).
+
+Namespaces and the bridge are removed on exit, on error and on SIGTERM/SIGINT, and any
 left over from an earlier crashed run are removed before starting.
 
 Ranks are started as torchrun would start them (its variables, via
@@ -46,6 +54,18 @@ def _ip(*args: str, check: bool = True) -> None:
     subprocess.run(["ip", *args], check=check, capture_output=True)
 
 
+_CC = "net.ipv4.tcp_congestion_control"
+_ALLOWED = "net.ipv4.tcp_allowed_congestion_control"
+
+
+def _sysctl(key: str, value: str | None = None) -> str:
+    """Read ``key`` in the root namespace, or set it to ``value``."""
+    path = Path("/proc/sys") / key.replace(".", "/")
+    if value is not None:
+        path.write_text(value)
+    return path.read_text().strip()
+
+
 def _namespace(k: int) -> str:
     return f"{PREFIX}-h{k}"
 
@@ -81,10 +101,14 @@ def remove_leftovers() -> None:
 class Hosts:
     """``count`` hosts: all on 127.0.0.1 (``rate_mbit=None``) or one namespace each."""
 
-    def __init__(self, count: int, rate_mbit: int | None) -> None:
+    def __init__(
+        self, count: int, rate_mbit: int | None, congestion_control: str = "cubic"
+    ) -> None:
         self.count = count
         self.rate_mbit = rate_mbit
+        self.congestion_control = congestion_control
         self._previous: dict[int, Any] = {}
+        self._allowed: str | None = None  # the root's allowed list, to restore on close
 
     @property
     def label(self) -> str:
@@ -119,6 +143,7 @@ class Hosts:
     def _create(self) -> None:
         rate = self.rate_mbit
         assert rate is not None
+        self._allow(self.congestion_control)
         _ip("link", "add", BRIDGE, "type", "bridge")
         _ip("link", "set", BRIDGE, "up")
         for k in range(self.count):
@@ -142,10 +167,36 @@ class Hosts:
             subprocess.run(
                 [*inside, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"], check=True
             )
+            subprocess.run(
+                [*inside, "sysctl", "-qw", f"{_CC}={self.congestion_control}"], check=True
+            )
+            # Keep each link in order, as a NIC's receive queue is. A veth hands packets to
+            # the backlog of whichever CPU transmits them, and the token bucket releases
+            # some from its timer on the other CPU, so without steering one flow's packets
+            # overtake each other (fast retransmits, SACK recovery, smaller windows).
+            mask = f"{1 << (k % (os.cpu_count() or 1)):x}"
+            subprocess.run(
+                [*inside, "sh", "-c", f"echo {mask} > /sys/class/net/eth0/queues/rx-0/rps_cpus"],
+                check=True,
+            )
+            Path(f"/sys/class/net/{outer}/queues/rx-0/rps_cpus").write_text(mask)
             tc = ["tc", "qdisc", "add", "dev"]
             subprocess.run([*inside, *tc, "eth0", "root", *_tbf(rate)], check=True)
             subprocess.run([*tc, outer, "root", *_tbf(rate)], check=True)
-        logger.info("%d namespace hosts on %s, %d Mbit/s each way", self.count, BRIDGE, rate)
+        logger.info(
+            "%d namespace hosts on %s, %d Mbit/s each way, TCP %s",
+            self.count,
+            BRIDGE,
+            rate,
+            self.congestion_control,
+        )
+
+    def _allow(self, algorithm: str) -> None:
+        # A namespace may only default to an algorithm on the root namespace's allowed list.
+        allowed = _sysctl(_ALLOWED)
+        if algorithm not in allowed.split():
+            self._allowed = allowed
+            _sysctl(_ALLOWED, f"{allowed} {algorithm}")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.close()
@@ -155,6 +206,9 @@ class Hosts:
         if self.rate_mbit is None:
             return
         remove_leftovers()
+        if self._allowed is not None:
+            _sysctl(_ALLOWED, self._allowed)
+            self._allowed = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -99,8 +99,8 @@ def test_slices_cover_the_bucket_in_bounded_pieces(world: int) -> None:
 
     from trainport.distributed.reduction import MIN_PIECES, MIN_SHARD_BYTES, PIECE_BYTES, pieces
 
-    largest = max(PIECE_BYTES // 4, world * MIN_SHARD_BYTES // 4)
-    for n in (1, world, 1000, 131_072, 262_145, 5 * 2**20 // 4 + 3):
+    largest = max(PIECE_BYTES // 4, 2 * world * MIN_SHARD_BYTES // 4)
+    for n in (1, world, 1000, 131_072, 131_328, 262_145, 5 * 2**20 // 4 + 3):
         flat = torch.arange(n, dtype=torch.float32)
         parts = pieces(flat, world)
         assert torch.equal(torch.cat(parts), flat)
@@ -108,4 +108,8 @@ def test_slices_cover_the_bucket_in_bounded_pieces(world: int) -> None:
         # Short tensors are still cut (for several all-to-alls in flight), never into
         # shards below MIN_SHARD_BYTES; long ones into PIECE_BYTES slices.
         assert len(parts) <= max(MIN_PIECES, -(-n // (PIECE_BYTES // 4)))
-        assert all(p.numel() >= world * MIN_SHARD_BYTES // 4 for p in parts[:-1])
+        if len(parts) > 1:
+            assert all(p.numel() >= world * MIN_SHARD_BYTES // 4 for p in parts)
+        # No runt slice: each one costs a round of collectives whatever its size.
+        sizes = [p.numel() for p in parts]
+        assert max(sizes) - min(sizes) <= 1
