@@ -70,13 +70,13 @@ def test_many_small_buckets_do_not_hang(tmp_path: Path) -> None:
         reduce = [e for e in trace if e["name"].startswith("reduce")]
         assert len(ready) == len(reduce) == soak["buckets"]
         assert all(e["ph"] == "X" and e["tid"] == "comm" for e in reduce)
-        # The thread serves buckets in order: each reduction starts after its bucket was
-        # handed over and after the previous one started, and they complete in order (the
-        # all-gather of one bucket may overlap the all-to-all of the next).
-        for before, after, handed in zip(reduce, reduce[1:], ready[1:], strict=False):
-            assert after["ts"] >= before["ts"]
-            assert after["ts"] + after["dur"] >= before["ts"] + before["dur"]
-            assert after["ts"] >= handed["ts"]
+        # The thread serves buckets in the order they were handed over, each after its
+        # hand-over. They may complete out of order: buckets land from the backend's
+        # threads, and one bucket's all-gather overlaps the next one's all-to-all.
+        reduce.sort(key=lambda e: e["ts"])
+        for handed, served in zip(ready, reduce, strict=True):
+            assert served["name"] == "reduce " + handed["name"].removeprefix("ready ")
+            assert served["ts"] >= handed["ts"]
 
 
 def test_dead_peer_fails_the_others(tmp_path: Path) -> None:

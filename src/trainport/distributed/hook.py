@@ -134,10 +134,8 @@ class ShardedReducer:
 
     def _serve(self) -> None:
         while True:
-            if self._stream.busy and self._queue.empty():
-                # Nothing new to start: let the all-gathers in flight land so DDP gets its
-                # buckets now (this issues no collective, so the order stays the same).
-                self._guard(self._stream.wait)
+            # Buckets in flight complete from the backend's callbacks as their all-gathers
+            # land, so there is nothing to wait for here but the next bucket.
             job = self._queue.get()
             if job is None:
                 self._guard(self._stream.flush)
@@ -157,26 +155,22 @@ class ShardedReducer:
             self._finished(job, start, count, None)
 
     def _push(self, job: _Job, start: int) -> None:
-        """Pipelined balanced path: the bucket completes when its last all-gather lands."""
+        """Pipelined balanced path: the bucket completes when all its slices have landed."""
         parts = pieces(job.flat, self.world_size)
-        tally = [ByteCount()]
-        for i, part in enumerate(parts):
-            done = None
-            if i == len(parts) - 1:
-                # With N > 1 this runs after _push returned, so the tally is complete by
-                # then; with N = 1 it runs at once, and there is nothing to count.
-                def done(error: BaseException | None, job: _Job = job) -> None:
-                    self._finished(job, start, tally[0], error)
+        # One count per slice plus one for this method, so the bucket cannot complete
+        # before every slice is pushed and the tally is whole (slices land in any order).
+        progress = _Progress(len(parts) + 1)
 
-            count = self._stream.push(part, done)
-            tally[0] = ByteCount(
-                tally[0].sent + count.sent,
-                tally[0].received + count.received,
-                tally[0].collectives + count.collectives,
-            )
+        def piece_done(error: BaseException | None) -> None:
+            if progress.finish_one(error):
+                self._finished(job, start, progress.tally, progress.error)
+
+        for part in parts:
+            progress.add(self._stream.push(part, piece_done))
         # Start the bucket's last all-gathers now, at a point that does not depend on
-        # timing (the next bucket may be long in coming); only waiting is left for later.
+        # timing (the next bucket may be long in coming); only landing is left for later.
         self._stream.settle()
+        piece_done(None)
 
     def _guard(self, action: Callable[[], None], job: _Job | None = None) -> None:
         """Run a stream action; on failure, fail ``job`` and every bucket in flight."""
@@ -243,6 +237,31 @@ class ShardedReducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Progress:
+    """How many of a bucket's slices are still in flight, their bytes and first error."""
+
+    def __init__(self, remaining: int) -> None:
+        self._lock = threading.Lock()
+        self._remaining = remaining
+        self.error: BaseException | None = None
+        self.tally = ByteCount()
+
+    def add(self, count: ByteCount) -> None:
+        self.tally = ByteCount(
+            self.tally.sent + count.sent,
+            self.tally.received + count.received,
+            self.tally.collectives + count.collectives,
+        )
+
+    def finish_one(self, error: BaseException | None) -> bool:
+        """Count one slice done; True for the last one."""
+        with self._lock:
+            if error is not None and self.error is None:
+                self.error = error
+            self._remaining -= 1
+            return self._remaining == 0
 
 
 def _fail(future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:

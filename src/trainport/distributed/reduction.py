@@ -36,6 +36,8 @@ on every rank, which is the point of the balanced buffer; the naive server conce
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,6 +189,7 @@ class _Exchange:
     received: torch.Tensor
     shard: int
     done: Done | None
+    reported: bool = False
 
 
 @dataclass
@@ -198,6 +201,9 @@ class _Gather:
     flat: torch.Tensor
     reduced: torch.Tensor  # the gather's input: kept alive until it completes
     done: Done | None
+    landed: torch.futures.Future[None] | None = None  # completes once _land has run
+    error: BaseException | None = None
+    reported: bool = False
 
 
 class BalancedStream:
@@ -220,8 +226,9 @@ class BalancedStream:
     queued while earlier data flows, and both directions stay busy.
 
     Collectives are issued in an order that depends only on the sequence of push, settle
-    and flush calls, identical on every rank whatever the timing; ``done`` callbacks run
-    in push order on the calling thread.
+    and flush calls, identical on every rank whatever the timing. Each ``done`` callback
+    runs exactly once: on the backend's thread as the slice's all-gather lands (slices may
+    land out of order), or on the calling thread with the error when a collective fails.
     """
 
     def __init__(
@@ -239,6 +246,7 @@ class BalancedStream:
         self.ahead = max(0, ahead)
         self.gather = default_gather(group) if gather is None else Gather(gather)
         self._copies_slot = 0
+        self._report_lock = threading.Lock()
         self._exchanging: deque[_Exchange] = deque()
         self._pending: deque[_Gather] = deque()
         self._received_slot = 0
@@ -291,9 +299,10 @@ class BalancedStream:
         try:
             exchange.work.wait()
         except Exception as exc:
-            if exchange.done is not None:
-                exchange.done(exc)
+            self._report(exchange, exc)
             raise
+        while self._pending and self._pending[0].landed.done():  # type: ignore[union-attr]
+            self._finish(self._pending.popleft())
         while len(self._pending) >= self.depth:
             self._finish(self._pending.popleft())
         # Row j holds rank j's copy of this rank's shard; summing rows in rank order makes
@@ -315,20 +324,37 @@ class BalancedStream:
         else:
             reduced = rows.sum(dim=0)
             work = _all_gather(exchange.padded, reduced, self.group)
-        self._pending.append(_Gather(work, exchange.padded, exchange.flat, reduced, exchange.done))
+        gather = _Gather(work, exchange.padded, exchange.flat, reduced, exchange.done)
+        # The slice is finished from the backend's completion callback, on its thread, so
+        # this thread never blocks on an all-gather while it could start the next slice.
+        # (The callback only copies and reports: a collective issued there hangs gloo.)
+        gather.landed = work.get_future().then(functools.partial(self._land, gather))
+        self._pending.append(gather)
+
+    def _land(self, gather: _Gather, future: torch.futures.Future[object]) -> None:
+        try:
+            future.wait()
+            if gather.padded is not gather.flat:
+                gather.flat.copy_(gather.padded[: gather.flat.numel()])
+        except Exception as exc:
+            gather.error = exc
+        self._report(gather, gather.error)
+
+    def _report(self, item: _Exchange | _Gather, error: BaseException | None) -> None:
+        """Run ``item``'s callback, once, whichever of the callback or fail() gets there."""
+        with self._report_lock:
+            if item.reported:
+                return
+            item.reported = True
+        if item.done is not None:
+            item.done(error)
 
     def _finish(self, gather: _Gather) -> None:
-        try:
-            gather.work.wait()
-        except Exception as exc:
-            # Already out of the queue, so fail() would not reach it: report it here.
-            if gather.done is not None:
-                gather.done(exc)
-            raise
-        if gather.padded is not gather.flat:
-            gather.flat.copy_(gather.padded[: gather.flat.numel()])
-        if gather.done is not None:
-            gather.done(None)
+        """Wait until ``gather`` has landed (and reported); raise its error, if any."""
+        assert gather.landed is not None
+        gather.landed.wait()
+        if gather.error is not None:
+            raise gather.error
 
     def settle(self) -> None:
         """Complete every all-to-all in flight, starting its all-gather."""
@@ -336,7 +362,7 @@ class BalancedStream:
             self._gather(self._exchanging.popleft())
 
     def wait(self) -> None:
-        """Wait for every all-gather in flight and run their callbacks (issues nothing)."""
+        """Wait for every all-gather in flight to land (issues nothing)."""
         while self._pending:
             self._finish(self._pending.popleft())
 
@@ -350,10 +376,9 @@ class BalancedStream:
         exchanging, self._exchanging = self._exchanging, deque()
         pending, self._pending = self._pending, deque()
         # Push order: every gather in flight is older than every exchange.
-        callbacks = [g.done for g in pending] + [e.done for e in exchanging]
-        for done in callbacks:
-            if done is not None:
-                done(error)
+        items: list[_Exchange | _Gather] = [*pending, *exchanging]
+        for item in items:
+            self._report(item, error)
 
 
 def pieces(flat: torch.Tensor, world: int) -> tuple[torch.Tensor, ...]:
