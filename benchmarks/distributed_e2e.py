@@ -14,8 +14,14 @@ steps, then the methods take turns for ``--rounds`` rounds of ``--steps`` measur
 (so that changes in the shared machine's load fall on all of them alike):
 
 - **samples/s** = N x batch / mean step time (slowest rank);
-- **scaling efficiency** = samples/s / (N x samples/s of one rank with default DDP); one
-  rank does not communicate, so that baseline is measured once, on loopback;
+- **scaling efficiency vs one rank** = samples/s / (N x samples/s of one rank with default
+  DDP); one rank does not communicate, so that baseline is measured once, on loopback;
+- **scaling efficiency vs alone** = the same against N ranks that compute at once without
+  communicating ("alone": each rank also trains the model without DDP, in the same rounds).
+  On a cluster every rank has its own GPU and cores, so one rank's pace does not depend
+  on N; here N ranks share two cores, and the sleeps' wake-ups, the real matmuls and
+  Python run slower at N = 4 than alone whether or not anything is communicated. This
+  baseline takes that out and leaves what communication costs;
 - **exposed comm** = mean time from the end of the last backward compute to
   ``loss.backward()`` returning: the communication the overlap did not hide.
 
@@ -36,6 +42,7 @@ from typing import Any
 from distributed_hosts import Hosts, run_ranks
 
 METHODS = ["ddp", "balanced", "naive"]
+ALONE = "alone"
 GOAL = 0.9
 
 
@@ -88,6 +95,11 @@ def worker(out: Path, args: dict[str, Any]) -> None:
         if method != "ddp":
             reducer = register_sharded_hook(model, algorithm=method)
         setups[method] = (model, reducer, torch.optim.SGD(model.parameters(), lr=1e-3))
+    # The same model without DDP: what each rank computes while the other N-1 compute too,
+    # with no communication at all (see "alone" in the module docstring).
+    torch.manual_seed(0)
+    alone = nn.Sequential(*(Block(width) for _ in range(layers)))
+    setups[ALONE] = (alone, None, torch.optim.SGD(alone.parameters(), lr=1e-3))
 
     def train(method: str, count: int) -> tuple[list[float], list[float]]:
         model, _reducer, opt = setups[method]
@@ -102,13 +114,13 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             exposed.append(backward_end - clock["backward_compute_end"])
         return steps, exposed
 
-    for method in args["methods"]:
+    for method in setups:
         train(method, args["warmup"])
     # Methods take turns, a block of steps each per round, so that a change in the
     # machine's load (it is shared) falls on all of them alike.
     rounds: dict[str, list[tuple[list[float], list[float]]]] = {m: [] for m in setups}
     for _ in range(args["rounds"]):
-        for method in args["methods"]:
+        for method in setups:
             dist.barrier()
             rounds[method].append(train(method, args["steps"]))
     results: dict[str, Any] = {}
@@ -138,16 +150,18 @@ def summarise(
     network: str, world: int, reports: list[Any], batch: int, base: float | None
 ) -> list[dict]:
     rows = []
+    # Each rank's own pace without communication, at this N (the mean over ranks: they do
+    # not wait for one another), per round.
+    rounds = len(reports[0][ALONE]["round_step_s"])
+    alone = [sum(r[ALONE]["round_step_s"][i] for r in reports) / world for i in range(rounds)]
     for method in METHODS:
         if method not in reports[0]:
             continue
         step = max(r[method]["step_s"] for r in reports)
         rate = world * batch / step
-        per_round = [
-            max(r[method]["round_step_s"][i] for r in reports)
-            for i in range(len(reports[0][method]["round_step_s"]))
-        ]
-        spread = [] if base is None else [batch / t / base for t in per_round]
+        # A step of the method ends when its slowest rank's does.
+        per_round = [max(r[method]["round_step_s"][i] for r in reports) for i in range(rounds)]
+        shared = [a / t for a, t in zip(alone, per_round, strict=True)]
         rows.append(
             {
                 "network": network,
@@ -156,8 +170,10 @@ def summarise(
                 "step_ms": step * 1e3,
                 "samples_s": rate,
                 "efficiency": None if base is None else rate / (world * base),
+                "alone_step_ms": sum(alone) / rounds * 1e3,
+                "efficiency_shared": sum(alone) / sum(per_round),
                 "exposed_ms": max(r[method]["exposed_s"] for r in reports) * 1e3,
-                "round_efficiency": spread,
+                "round_efficiency_shared": shared,
             }
         )
     return rows
@@ -166,15 +182,17 @@ def summarise(
 def print_table(rows: list[dict]) -> None:
     print(
         f"{'network':>12} {'N':>2} {'method':>9} {'step ms':>8} {'samples/s':>9} "
-        f"{'efficiency':>10} {'exposed ms':>10} {'per round':>17}"
+        f"{'eff vs 1':>8} {'alone ms':>8} {'eff vs alone':>12} {'per round':>11} "
+        f"{'exposed ms':>10}"
     )
     for r in rows:
         eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.3f}"
-        spread = r["round_efficiency"]
-        lo_hi = f"{min(spread):.3f}-{max(spread):.3f}" if spread else "-"
+        spread = r["round_efficiency_shared"]
         print(
             f"{r['network']:>12} {r['world']:>2} {r['method']:>9} {r['step_ms']:>8.1f} "
-            f"{r['samples_s']:>9.1f} {eff:>10} {r['exposed_ms']:>10.1f} {lo_hi:>17}"
+            f"{r['samples_s']:>9.1f} {eff:>8} {r['alone_step_ms']:>8.1f} "
+            f"{r['efficiency_shared']:>12.3f} {min(spread):>5.3f}-{max(spread):.3f} "
+            f"{r['exposed_ms']:>10.1f}"
         )
     sys.stdout.flush()
 
