@@ -71,6 +71,22 @@ def _tbf(dev: str, *, rate: str, netns: str | None = None) -> None:
         raise SandboxError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
+def _keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> None:
+    # A veth delivers each packet to the backlog of the CPU that transmitted it, and a
+    # shaped link transmits some packets from tbf's timer on another CPU, so one flow's
+    # packets overtake each other (spurious fast retransmits, smaller windows: stalls in
+    # collectives). Steering the device's receive work to one CPU (RPS) keeps every flow
+    # in order, as a NIC's receive queue does. Best effort: kernels without RPS lack the file.
+    mask = f"{1 << (cpu % (os.cpu_count() or 1)):x}"
+    path = f"/sys/class/net/{dev}/queues/rx-0/rps_cpus"
+    argv = ["sh", "-c", f"echo {mask} > {path}"]
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        log.debug("could not steer %s to one CPU: %s", dev, done.stderr.strip())
+
+
 class HostNetwork:
     """Bridge, namespaces and veth pairs for one job's hosts."""
 
@@ -126,6 +142,8 @@ class HostNetwork:
             _ip("-n", nh.namespace, "addr", "add", f"{nh.address}/24", "dev", "eth0")
             _ip("-n", nh.namespace, "link", "set", "eth0", "up")
             _ip("-n", nh.namespace, "link", "set", "lo", "up")
+            _keep_in_order(outside, int(k))
+            _keep_in_order("eth0", int(k), netns=nh.namespace)
             if self.bandwidth:
                 _tbf(outside, rate=self.bandwidth)  # traffic into the host
                 _tbf("eth0", rate=self.bandwidth, netns=nh.namespace)  # traffic out of it
