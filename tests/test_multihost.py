@@ -4,8 +4,10 @@ and torchrun on every host."""
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -271,7 +273,8 @@ if me == 'algo-1':
         n += len(chunk)
     seconds = time.monotonic() - start
     rps = open('/sys/class/net/eth0/queues/rx-0/rps_cpus').read().strip()
-    print('NET ' + json.dumps({'peer': peer[0], 'bytes': n, 'mbit': n * 8 / seconds / 1e6, 'iface': rc['network_interface_name'], 'addrs': addrs, 'rps': rps}), flush=True)
+    cc = open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip()
+    print('NET ' + json.dumps({'peer': peer[0], 'bytes': n, 'mbit': n * 8 / seconds / 1e6, 'iface': rc['network_interface_name'], 'addrs': addrs, 'rps': rps, 'cc': cc}), flush=True)
 else:
     for _ in range(100):
         try:
@@ -284,7 +287,22 @@ else:
 """
 
 
-def test_namespace_hosts_with_shaped_bandwidth(home: Path, service: JobService) -> None:
+@pytest.fixture
+def cubic_allowed() -> Iterator[None]:
+    """Namespaces may choose cubic (some machines allow only their default, e.g. bbr)."""
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+    before = allowed.read_text().strip()
+    change = os.geteuid() == 0 and "cubic" not in before.split()
+    if change:
+        allowed.write_text(f"{before} cubic")
+    yield
+    if change:
+        allowed.write_text(before)
+
+
+def test_namespace_hosts_with_shaped_bandwidth(
+    home: Path, service: JobService, cubic_allowed: None
+) -> None:
     from trainport.runners.netns import netns_problem
 
     require(netns_problem() is None, f"no network namespaces: {netns_problem()}")
@@ -310,6 +328,7 @@ def test_namespace_hosts_with_shaped_bandwidth(home: Path, service: JobService) 
     assert got["mbit"] < 150  # shaped to 100 Mbit/s (loopback would give tens of Gbit/s)
     # The host's receive work is steered to one CPU, so its flows stay in order.
     assert int(got["rps"].replace(",", ""), 16) != 0
+    assert got["cc"] == "cubic"  # Linux's default, whatever this machine's is
     import subprocess
 
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

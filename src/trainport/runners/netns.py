@@ -87,6 +87,21 @@ def _keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> None:
         log.debug("could not steer %s to one CPU: %s", dev, done.stderr.strip())
 
 
+# Linux's own default. Some machines (this project's VMs among them) default to bbr, under
+# which gloo's per-peer connections, idle between buckets, stalled for 30-170 ms several
+# times per step on shaped links (docs/benchmarks.md); emulated hosts should behave like
+# ordinary cluster hosts.
+CONGESTION_CONTROL = "cubic"
+
+
+def _congestion_control(netns: str) -> str | None:
+    """Use CONGESTION_CONTROL in ``netns``; why not, if it cannot."""
+    key = "net.ipv4.tcp_congestion_control"
+    argv = ["ip", "netns", "exec", netns, "sysctl", "-qw", f"{key}={CONGESTION_CONTROL}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
+
+
 class HostNetwork:
     """Bridge, namespaces and veth pairs for one job's hosts."""
 
@@ -121,6 +136,7 @@ class HostNetwork:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
+        refused = None
         for nh in self.hosts.values():
             k = nh.namespace.rsplit("-", 1)[1]
             outside = f"tpv{self.tag}{k}"
@@ -142,11 +158,22 @@ class HostNetwork:
             _ip("-n", nh.namespace, "addr", "add", f"{nh.address}/24", "dev", "eth0")
             _ip("-n", nh.namespace, "link", "set", "eth0", "up")
             _ip("-n", nh.namespace, "link", "set", "lo", "up")
+            refused = _congestion_control(nh.namespace) or refused
             _keep_in_order(outside, int(k))
             _keep_in_order("eth0", int(k), netns=nh.namespace)
             if self.bandwidth:
                 _tbf(outside, rate=self.bandwidth)  # traffic into the host
                 _tbf("eth0", rate=self.bandwidth, netns=nh.namespace)  # traffic out of it
+        if refused:
+            # A namespace may only choose an algorithm on the root's allowed list.
+            log.warning(
+                "the hosts keep this machine's TCP congestion control, not %s (%s); to allow "
+                'it: sysctl -w net.ipv4.tcp_allowed_congestion_control="$(sysctl -n '
+                'net.ipv4.tcp_allowed_congestion_control) %s"',
+                CONGESTION_CONTROL,
+                refused,
+                CONGESTION_CONTROL,
+            )
         log.info("hosts on bridge %s (%s.0/24): %s", self.bridge, self.subnet, self.hosts)
 
     def teardown(self) -> None:
