@@ -139,6 +139,7 @@ class ShardedReducer:
             job = self._queue.get()
             if job is None:
                 self._guard(self._stream.flush)
+                self._stream.close()
                 return
             if self._failure is not None:
                 _fail(job.future, ReductionError(f"an earlier reduction failed: {self._failure}"))

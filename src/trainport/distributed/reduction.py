@@ -20,9 +20,9 @@ algorithm      how                                                    bytes each
 
 ``balanced`` runs through a :class:`BalancedStream`, which keeps several slices' all-to-alls
 and all-gathers in flight at once; buckets are cut into near-equal slices of about
-``PIECE_BYTES`` (see :func:`pieces`). On gloo the all-gather itself is done as a second
-all-to-all (the same bytes in one round instead of a ring of N-1 steps; see
-:func:`default_gather`).
+``PIECE_BYTES`` (see :func:`pieces`). On gloo both halves are point-to-point messages
+with every receive posted first (the same bytes; see :func:`default_transport`), on NCCL
+they are ``all_to_all_single`` and ``all_gather_into_tensor``.
 
 Like DDP's own reduction, each divides by N *before* summing, so that fp16/bf16 gradients
 cannot overflow in the sum and the ring variant matches DDP bit for bit.
@@ -36,11 +36,11 @@ on every rank, which is the point of the balanced buffer; the naive server conce
 
 from __future__ import annotations
 
-import functools
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
@@ -52,8 +52,8 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "BalancedStream",
-    "Gather",
     "Scratch",
+    "Transport",
     "balanced_average",
     "naive_average",
     "ring_average",
@@ -97,25 +97,29 @@ class Algorithm(StrEnum):
     NAIVE = "naive"
 
 
-class Gather(StrEnum):
-    """How the reduced shards travel back to every rank (the second half of ``balanced``)."""
+class Transport(StrEnum):
+    """How a slice's shards travel (both halves of ``balanced``)."""
 
-    ALL_GATHER = "all_gather"  # all_gather_into_tensor: NCCL's pipelined ring
-    ALL_TO_ALL = "all_to_all"  # each rank sends its shard to every rank in one round
+    P2P = "p2p"  # point-to-point sends and receives, every receive posted first
+    COLLECTIVES = "collectives"  # all_to_all_single, then all_gather_into_tensor
 
 
-def default_gather(group: Group) -> Gather:
-    """``all_to_all`` on gloo, ``all_gather`` elsewhere.
+def default_transport(group: Group) -> Transport:
+    """``p2p`` on gloo, ``collectives`` elsewhere (NCCL).
 
-    gloo's all-gather is a ring of N-1 dependent steps, each a rendezvous (a send waits for
-    the peer to announce its receive), so its latency grows with N; an all-to-all of the
-    shard repeated N times moves exactly the same bytes per rank, (N-1) x shard each way,
-    in a single round. Measured for a 0.5 MiB bucket on 4 namespace hosts at 1000 Mbit/s:
-    all-to-all + all-gather took 9.6 ms (median), all-to-all twice 6.7 ms, gloo's ring
-    all-reduce 7.7 ms. NCCL pipelines its ring in the GPU's copy engines and needs no
-    staging copy, so it keeps the all-gather.
+    gloo's TCP transport writes a message only once the peer has announced the matching
+    receive, and the announcement travels on the same ordered stream as data. Its
+    all-to-all posts each send before the receive from the same peer, so the two
+    directions of a pair take turns, and its all-gather is a ring of N-1 dependent steps,
+    each such a rendezvous. Posting every receive of a slice first, the all-gather's too,
+    sends all announcements ahead of the data, so both directions of every pair flow at
+    once and each half is a single round. The bytes are the same: (N-1) x shard each way
+    per half. Measured on 4 namespace hosts at 100 Mbit/s, one reduction of 4 MiB: gloo's
+    ring all-reduce 533 ms (the link's limit is 503), all-to-all + all-to-all 916 ms,
+    point-to-point 558 ms. NCCL's all-to-all is itself grouped point-to-point and its
+    all-gather a pipelined ring, so the collectives are kept there.
     """
-    return Gather.ALL_TO_ALL if dist.get_backend(group) == "gloo" else Gather.ALL_GATHER
+    return Transport.P2P if dist.get_backend(group) == "gloo" else Transport.COLLECTIVES
 
 
 def _all_gather(output: torch.Tensor, shard: torch.Tensor, group: Group) -> dist.Work:
@@ -163,9 +167,12 @@ def balanced_average(
     """Average by the balanced sharded reduction: shard i is reduced by rank i."""
     stream = BalancedStream(group, scratch)
     total = ByteCount()
-    for piece in pieces(flat, stream.world):
-        total = _add(total, stream.push(piece))
-    stream.flush()
+    try:
+        for piece in pieces(flat, stream.world):
+            total = _add(total, stream.push(piece))
+        stream.flush()
+    finally:
+        stream.close()
     return total
 
 
@@ -181,27 +188,29 @@ Done = Callable[[BaseException | None], None]
 
 @dataclass
 class _Exchange:
-    """An all-to-all in flight: the tensor's shards travelling to the ranks that reduce them."""
+    """A slice's first half in flight: its shards travelling to the ranks that reduce them."""
 
-    work: dist.Work
+    works: list[dist.Work]  # what to wait for before summing (the receives)
     padded: torch.Tensor
     flat: torch.Tensor
     received: torch.Tensor
     shard: int
     done: Done | None
+    tag: int = 0
+    later: list[dist.Work] = field(default_factory=list)  # sends, the gather's receives
     reported: bool = False
 
 
 @dataclass
 class _Gather:
-    """An all-gather in flight and what to do once it lands."""
+    """A slice's second half in flight: the reduced shards coming back to every rank."""
 
-    work: dist.Work
+    works: list[dist.Work]
     padded: torch.Tensor
     flat: torch.Tensor
     reduced: torch.Tensor  # the gather's input: kept alive until it completes
     done: Done | None
-    landed: torch.futures.Future[None] | None = None  # completes once _land has run
+    landed: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     reported: bool = False
 
@@ -209,26 +218,29 @@ class _Gather:
 class BalancedStream:
     """The balanced reduction of a sequence of tensors, pipelined.
 
-    :meth:`push` divides a tensor by N and *starts* its ``all_to_all_single``; up to
-    ``ahead`` all-to-alls are left in flight. The oldest one is then completed (waited
-    for, this rank's shard summed) and its all-gather started (``gather``: see
-    :func:`default_gather`), with up to ``depth`` all-gathers in flight. :meth:`settle`
-    completes every all-to-all in flight (starting their all-gathers); :meth:`flush` also
-    waits for every all-gather.
+    :meth:`push` divides a tensor by N and *starts* its exchange (the all-to-all that
+    brings shard i to rank i); up to ``ahead`` exchanges are left in flight. The oldest one
+    is then completed (waited for, this rank's shard summed) and its gather started (every
+    rank's reduced shard to every rank), with up to ``depth`` gathers in flight.
+    :meth:`settle` completes every exchange in flight (starting their gathers);
+    :meth:`flush` also waits for every gather to land. ``transport`` (see
+    :func:`default_transport`) is point-to-point on gloo, collectives on NCCL.
 
-    Why several all-to-alls in flight: gloo's TCP transport writes a message only once the
-    peer has announced the matching receive, and that announcement travels on the same
-    ordered TCP stream as data. gloo's all-to-all posts each send before the receive from
-    the same peer, so a rank that finds its peer ready sends its whole shard first and
-    announces its own receive only behind it: the two directions of a pair take turns
-    (measured: one 16 MB all-to-all on 2 ranks used 0.49 of a 1000 Mbit/s link). With
-    several slices exchanging at once, the announcements for later slices are already
-    queued while earlier data flows, and both directions stay busy.
+    Why several exchanges in flight: on gloo's collectives the two directions of a pair
+    take turns within one all-to-all (see :func:`default_transport`; one 16 MB
+    all-to-all on 2 ranks used 0.49 of a 1000 Mbit/s link); with several slices at once the
+    announcements for later slices are queued while earlier data flows. Point-to-point
+    posts every receive first and does not depend on that, but slices still bound staging
+    memory and let one slice's gather overlap the next one's exchange.
 
-    Collectives are issued in an order that depends only on the sequence of push, settle
-    and flush calls, identical on every rank whatever the timing. Each ``done`` callback
-    runs exactly once: on the backend's thread as the slice's all-gather lands (slices may
-    land out of order), or on the calling thread with the error when a collective fails.
+    Operations are issued in an order that depends only on the sequence of push, settle
+    and flush calls, identical on every rank whatever the timing; point-to-point messages
+    carry a tag from a counter that advances the same way on every rank. A gather of CPU
+    tensors lands on a landing thread, so this thread never blocks on one while it could
+    start the next slice; CUDA tensors are finished on this thread (by :meth:`wait` or
+    when more than ``depth`` are in flight), on its stream. Each ``done`` callback runs
+    exactly once: as the slice lands (slices may land out of order on NCCL) or with the
+    error when an operation fails.
     """
 
     def __init__(
@@ -237,20 +249,24 @@ class BalancedStream:
         scratch: Scratch | None = None,
         depth: int = 8,
         ahead: int = 32,
-        gather: Gather | None = None,
+        transport: Transport | str | None = None,
     ):
         self.group = group
         self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
         self.scratch = Scratch() if scratch is None else scratch
         self.depth = max(1, depth)
         self.ahead = max(0, ahead)
-        self.gather = default_gather(group) if gather is None else Gather(gather)
-        self._copies_slot = 0
+        self.transport = default_transport(group) if transport is None else Transport(transport)
+        self._peers = [_global_rank(group, j) for j in range(self.world)]
+        self._tag = 0
         self._report_lock = threading.Lock()
         self._exchanging: deque[_Exchange] = deque()
         self._pending: deque[_Gather] = deque()
         self._received_slot = 0
         self._padded_slot = 0
+        self._reduced_slot = 0
+        self._landing: queue.SimpleQueue[_Gather | None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -270,7 +286,7 @@ class BalancedStream:
             padded = flat
         else:
             # Pad to N equal shards so every rank reduces (and sends) the same number of
-            # bytes. A padded buffer stays busy until its all-gather lands: at most
+            # bytes. A padded buffer stays busy until its gather lands: at most
             # ahead + depth others are alive now, so that many + 1 buffers in rotation.
             padded = self._staging("padded", self._padded_slot, flat, shard * world)
             self._padded_slot = (self._padded_slot + 1) % (self.ahead + self.depth + 1)
@@ -280,13 +296,50 @@ class BalancedStream:
         # unsummed now.
         received = self._staging("received", self._received_slot, flat, shard * world)
         self._received_slot = (self._received_slot + 1) % (self.ahead + 1)
-        work = dist.all_to_all_single(received, padded, group=self.group, async_op=True)
-        assert work is not None
-        self._exchanging.append(_Exchange(work, padded, flat, received, shard, done))
+        if self.transport is Transport.P2P:
+            exchange = self._exchange_p2p(padded, flat, received, shard, done)
+        else:
+            work = dist.all_to_all_single(received, padded, group=self.group, async_op=True)
+            assert work is not None
+            exchange = _Exchange([work], padded, flat, received, shard, done)
+        self._exchanging.append(exchange)
         while len(self._exchanging) > self.ahead:
             self._gather(self._exchanging.popleft())
         wire = 2 * (world - 1) * shard * flat.element_size()
         return ByteCount(sent=wire, received=wire, collectives=2)
+
+    def _exchange_p2p(
+        self,
+        padded: torch.Tensor,
+        flat: torch.Tensor,
+        received: torch.Tensor,
+        shard: int,
+        done: Done | None,
+    ) -> _Exchange:
+        tag = self._tag
+        self._tag = (self._tag + 2) % _TAGS
+        rows = received.view(self.world, shard)
+        chunks = padded.view(self.world, shard)
+        others = [j for j in range(self.world) if j != self.rank]
+        # Every receive first, the gather's too: their announcements then go out ahead of
+        # any data. The gather's land in `padded` over chunks this rank is still sending,
+        # which is safe: rank j sends its reduced chunk j only after it has received all
+        # of this rank's chunk j.
+        receives = [self._recv(rows[j], j, tag) for j in others]
+        later = [self._recv(chunks[j], j, tag + 1) for j in others]
+        rows[self.rank].copy_(chunks[self.rank])
+        later += [self._send(chunks[j], j, tag) for j in others]
+        return _Exchange(receives, padded, flat, received, shard, done, tag, later)
+
+    def _recv(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        work = dist.irecv(tensor, src=self._peers[peer], group=self.group, tag=tag)
+        assert work is not None
+        return work
+
+    def _send(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        work = dist.isend(tensor, dst=self._peers[peer], group=self.group, tag=tag)
+        assert work is not None
+        return work
 
     def _staging(self, role: str, slot: int, like: torch.Tensor, numel: int) -> torch.Tensor:
         # One buffer per slot whatever the slice size (a slice is at most PIECE_BYTES but
@@ -295,53 +348,69 @@ class BalancedStream:
         return self.scratch.get(f"{role}{slot}", like, size)[:numel]
 
     def _gather(self, exchange: _Exchange) -> None:
-        """Wait for an all-to-all, sum this rank's shard, start its all-gather."""
+        """Wait for an exchange, sum this rank's shard, start its gather."""
         try:
-            exchange.work.wait()
+            for work in exchange.works:
+                work.wait()
         except Exception as exc:
             self._report(exchange, exc)
             raise
-        while self._pending and self._pending[0].landed.done():  # type: ignore[union-attr]
+        while self._pending and self._pending[0].landed.is_set():
             self._finish(self._pending.popleft())
         while len(self._pending) >= self.depth:
             self._finish(self._pending.popleft())
         # Row j holds rank j's copy of this rank's shard; summing rows in rank order makes
         # the result independent of which rank computes it.
         rows = exchange.received.view(self.world, exchange.shard)
-        # The local shards are no longer needed, so the reduced ones land straight in place.
-        if self.gather is Gather.ALL_TO_ALL:
-            # N copies of the reduced shard, one for each rank; alive until the exchange
-            # lands, and at most `depth` others are in flight now.
-            copies = self._staging("copies", self._copies_slot, exchange.flat, rows.numel())
-            self._copies_slot = (self._copies_slot + 1) % (self.depth + 1)
-            reduced = copies[: exchange.shard]
+        if self.transport is Transport.P2P:
+            # Alive until the sends complete; at most `depth` other gathers are in flight.
+            reduced = self._staging("reduced", self._reduced_slot, exchange.flat, exchange.shard)
+            self._reduced_slot = (self._reduced_slot + 1) % (self.depth + 1)
             torch.sum(rows, dim=0, out=reduced)
-            copies.view(self.world, exchange.shard)[1:].copy_(
-                reduced.expand(self.world - 1, exchange.shard)
-            )
-            work = dist.all_to_all_single(exchange.padded, copies, group=self.group, async_op=True)
-            assert work is not None
+            chunks = exchange.padded.view(self.world, exchange.shard)
+            chunks[self.rank].copy_(reduced)
+            others = [j for j in range(self.world) if j != self.rank]
+            sends = [self._send(reduced, j, exchange.tag + 1) for j in others]
+            works = exchange.later + sends
         else:
             reduced = rows.sum(dim=0)
-            work = _all_gather(exchange.padded, reduced, self.group)
-        gather = _Gather(work, exchange.padded, exchange.flat, reduced, exchange.done)
-        # The slice is finished from the backend's completion callback, on its thread, so
-        # this thread never blocks on an all-gather while it could start the next slice.
-        # (The callback only copies and reports: a collective issued there hangs gloo.)
-        gather.landed = work.get_future().then(functools.partial(self._land, gather))
+            # The local shards are no longer needed, so the reduced ones land in place.
+            works = [_all_gather(exchange.padded, reduced, self.group)]
+        gather = _Gather(works, exchange.padded, exchange.flat, reduced, exchange.done)
         self._pending.append(gather)
+        if not exchange.flat.is_cuda:
+            self._land_later(gather)
 
-    def _land(self, gather: _Gather, future: torch.futures.Future[object]) -> None:
+    def _land_later(self, gather: _Gather) -> None:
+        if self._landing is None:
+            self._landing = queue.SimpleQueue()
+            threading.Thread(
+                target=self._land_each,
+                args=(self._landing,),
+                name="trainport-landing",
+                daemon=True,
+            ).start()
+        self._landing.put(gather)
+
+    def _land_each(self, landing: queue.SimpleQueue[_Gather | None]) -> None:
+        # Gathers land in about the order they started, so one thread waiting in that
+        # order finishes each soon after it lands.
+        while (gather := landing.get()) is not None:
+            self._land(gather)
+
+    def _land(self, gather: _Gather) -> None:
         try:
-            future.wait()
+            for work in gather.works:
+                work.wait()
             if gather.padded is not gather.flat:
                 gather.flat.copy_(gather.padded[: gather.flat.numel()])
         except Exception as exc:
             gather.error = exc
         self._report(gather, gather.error)
+        gather.landed.set()
 
     def _report(self, item: _Exchange | _Gather, error: BaseException | None) -> None:
-        """Run ``item``'s callback, once, whichever of the callback or fail() gets there."""
+        """Run ``item``'s callback, once, whichever of landing or fail() gets there."""
         with self._report_lock:
             if item.reported:
                 return
@@ -351,18 +420,20 @@ class BalancedStream:
 
     def _finish(self, gather: _Gather) -> None:
         """Wait until ``gather`` has landed (and reported); raise its error, if any."""
-        assert gather.landed is not None
-        gather.landed.wait()
+        if gather.flat.is_cuda:
+            self._land(gather)
+        else:
+            gather.landed.wait()
         if gather.error is not None:
             raise gather.error
 
     def settle(self) -> None:
-        """Complete every all-to-all in flight, starting its all-gather."""
+        """Complete every exchange in flight, starting its gather."""
         while self._exchanging:
             self._gather(self._exchanging.popleft())
 
     def wait(self) -> None:
-        """Wait for every all-gather in flight to land (issues nothing)."""
+        """Wait for every gather in flight to land (issues nothing)."""
         while self._pending:
             self._finish(self._pending.popleft())
 
@@ -379,6 +450,24 @@ class BalancedStream:
         items: list[_Exchange | _Gather] = [*pending, *exchanging]
         for item in items:
             self._report(item, error)
+
+    def close(self) -> None:
+        """Stop the landing thread (after :meth:`flush`)."""
+        if self._landing is not None:
+            self._landing.put(None)
+            self._landing = None
+
+
+# Point-to-point tags: two per slice, from a counter that wraps well below gloo's limit
+# (a non-negative int32) and far above the number of slices ever in flight.
+_TAGS = 2**30
+
+
+def _global_rank(group: Group, rank: int) -> int:
+    """The default group's rank of ``group``'s ``rank`` (point-to-point takes those)."""
+    if group is None or group is dist.group.WORLD:
+        return rank
+    return dist.get_global_rank(group, rank)
 
 
 def pieces(flat: torch.Tensor, world: int) -> tuple[torch.Tensor, ...]:
