@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import put, python_job, request, require, wait_for, wait_until
 from trainport.errors import NotFoundError, ResourceInUseError, ValidationError
 from trainport.jobs.service import JobService
+from trainport.jobs.supervisor import host_addresses
 from trainport.runners.sandbox import sandbox_problem
 
 BYOC = Path(__file__).resolve().parents[1] / "examples" / "byoc"
@@ -251,7 +252,8 @@ def test_sandbox_hides_other_jobs_and_resolves_algo_1(home: Path, service: JobSe
     )
     service.create(python_job("hidden", code), runner="sandbox")
     assert wait_for(service, "hidden").status == "Completed"
-    assert [line for _, line in service.logs("hidden")] == ["127.0.0.2", "[]", "[]"]
+    algo_1 = host_addresses("hidden", ("algo-1",))["algo-1"]
+    assert [line for _, line in service.logs("hidden")] == [algo_1, "[]", "[]"]
 
 
 def test_supervisor_killed_mid_job_is_marked_failed_and_training_stopped(

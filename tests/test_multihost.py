@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import put, python_job, request, require, wait_for
 from trainport.jobs.service import JobService
+from trainport.jobs.supervisor import host_addresses
 from trainport.runners.sandbox import sandbox_problem
 
 REPORT = """
@@ -79,11 +80,7 @@ def test_three_hosts_shard_resolve_and_merge(home: Path, service: JobService, ru
         assert rc["current_host"] == host  # type: ignore[index]
         assert rc["hosts"] == ["algo-1", "algo-2", "algo-3"]  # type: ignore[index]
         if runner == "sandbox":
-            assert doc["resolved"] == {
-                "algo-1": "127.0.0.2",
-                "algo-2": "127.0.0.3",
-                "algo-3": "127.0.0.4",
-            }
+            assert doc["resolved"] == host_addresses(f"three-{runner}", tuple(sorted(got)))
     with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
         names = sorted(tar.getnames())
         common = tar.extractfile("common.txt").read()  # type: ignore[union-attr]
@@ -242,7 +239,8 @@ def test_torchrun_on_every_host(
                 assert fields["LOCAL_WORLD_SIZE"] == str(per_host)
                 assert int(fields["RANK"]) == (k - 1) * per_host + int(fields["LOCAL_RANK"])
                 assert fields["MASTER_PORT"] == "7777"
-                assert fields["MASTER_ADDR"] == ("algo-1" if runner == "sandbox" else "127.0.0.2")
+                algo_1 = host_addresses(f"ddp-{runner}", ("algo-1",))["algo-1"]
+                assert fields["MASTER_ADDR"] == ("algo-1" if runner == "sandbox" else algo_1)
                 assert float(fields["sum"]) == world * (world + 1) / 2
     assert sorted(int(f["RANK"]) for f in seen) == list(range(world))
 
@@ -256,6 +254,40 @@ def test_a_dying_rank_fails_the_job_naming_its_host(home: Path, service: JobServ
     assert record.status == "Failed"
     assert (record.failure_reason or "").startswith("algo-2: ")
     assert time.monotonic() - started < 120
+
+
+PORT_PROBE = """
+import json, os, socket, time
+rc = json.load(open(os.environ['SAGEMAKER_BASE_DIR'] + '/input/config/resourceconfig.json'))
+algo_1 = socket.gethostbyname('algo-1')
+if rc['current_host'] == 'algo-1':
+    srv = socket.create_server((algo_1, 7777))  # torchrun's master port on every job
+    time.sleep(2)  # hold it while the other job starts
+    conn, _ = srv.accept()
+    print('PORT ' + conn.recv(100).decode(), flush=True)
+else:
+    for _ in range(200):
+        try:
+            s = socket.create_connection((algo_1, 7777))
+            break
+        except OSError:
+            time.sleep(0.05)
+    s.sendall(os.environ['TRAINING_JOB_NAME'].encode())
+"""
+
+
+def test_two_jobs_at_once_each_listen_on_their_algo_1(service: JobService) -> None:
+    require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
+    rc = {"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1}
+    for name in ("ports-a", "ports-b"):
+        service.create(python_job(name, PORT_PROBE, ResourceConfig=rc), runner="sandbox")
+    for name in ("ports-a", "ports-b"):
+        record = wait_for(service, name, timeout=60)
+        assert record.status == "Completed", record.failure_reason
+        # Each job's algo-2 reached its own job's algo-1.
+        assert [t for _, t in service.logs(name) if t.startswith("PORT ")] == [f"PORT {name}"]
+    a, b = (host_addresses(n, ("algo-1",))["algo-1"] for n in ("ports-a", "ports-b"))
+    assert a != b and a.startswith("127.") and not a.startswith("127.0.0.")
 
 
 NET_PROBE = """

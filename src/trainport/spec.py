@@ -36,8 +36,8 @@ EXTENSION_TAGS = {
     "every host (as the hyperparameter sagemaker_torch_distributed_enabled does)",
     "trainport:processes-per-host": "P: torchrun's --nproc_per_node (default: the host's GPU "
     "count, else 1)",
-    "trainport:network": "loopback (default: host k at 127.0.0.(k+1)) or namespaces (root: "
-    "each host a network namespace on a bridge)",
+    "trainport:network": "loopback (default: host k at 127.a.b.(k+1), a block per job) or "
+    "namespaces (root: each host a network namespace on a bridge)",
     "trainport:host-bandwidth": "with network=namespaces, shape each host's link with tc tbf "
     "to this rate (e.g. 400mbit)",
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import signal
@@ -48,9 +49,20 @@ def _expire(record: JobRecord, event: StopRequested) -> JobRecord:
     return advance(record, event, time.time())
 
 
-def host_addresses(hosts: tuple[str, ...]) -> dict[str, str]:
-    """algo-k listens on 127.0.0.(k+1): every host of a job has its own loopback address."""
-    return {h: f"127.0.0.{int(h.rsplit('-', 1)[1]) + 1}" for h in hosts}
+def host_addresses(job: str, hosts: tuple[str, ...]) -> dict[str, str]:
+    """Every host of a job gets its own loopback address: algo-k is 127.a.b.(k+1).
+
+    The block 127.a.b.0/24 comes from the job's name (a >= 1, so 127.0.0.x stays the
+    machine's own), so two jobs running at once do not share addresses: each one's
+    torchrun can listen on algo-1:7777.
+    """
+    digest = int.from_bytes(hashlib.sha256(job.encode()).digest()[:4], "big")
+    base = ((1 + digest % 254) << 16) | ((digest >> 8) % 256) << 8
+    return {h: _loopback(base + int(h.rsplit("-", 1)[1]) + 1) for h in hosts}
+
+
+def _loopback(offset: int) -> str:
+    return f"127.{offset >> 16 & 255}.{offset >> 8 & 255}.{offset & 255}"
 
 
 def _host_outcome(finished: Finished, host: str, multi: bool) -> Finished:
@@ -81,7 +93,7 @@ def supervise(name: str, settings: Settings) -> int:
 
     hosts = spec.hosts
     network: HostNetwork | None = None
-    addresses = host_addresses(hosts)
+    addresses = host_addresses(name, hosts)
     if spec.tags.get("trainport:network") == "namespaces":
         try:
             network = HostNetwork(name, hosts, spec.tags.get("trainport:host-bandwidth"))
