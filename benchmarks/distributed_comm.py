@@ -8,6 +8,10 @@ A rep's time is the slowest rank's, between barriers; the table shows the median
 - **bus bandwidth** = size x 2(N-1)/N / time, nccl-tests' convention for all-reduce, for all
   three algorithms so they compare directly; **/link** divides it by the link rate, the
   physical limit of a ring or a balanced reduction on full-duplex links.
+- **bal-coll** is the balanced reduction carried by gloo's own collectives
+  (``all_to_all_single`` then ``all_gather_into_tensor``), what the library used before it
+  switched gloo to point-to-point messages with every receive posted first; it is measured
+  in the same run to show what that switch is worth.
 - **bytes per rank**: the most any rank sent, from the library's counters, and the ratio of
   the most to the least (1.0 = balanced), plus the kernel's count of bytes the busiest rank
   put on its interface (namespace hosts: ``eth0`` tx_bytes, headers included; loopback:
@@ -30,7 +34,7 @@ from typing import Any
 
 from distributed_hosts import Hosts, interface_bytes, run_ranks, written_bytes
 
-ALGORITHMS = ["ring", "balanced", "naive"]
+ALGORITHMS = ["ring", "balanced", "bal-coll", "naive"]
 
 
 def worker(out: Path, args: dict[str, Any]) -> None:
@@ -39,6 +43,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
 
     from trainport.distributed import ALGORITHMS as REDUCE
     from trainport.distributed import Algorithm, Scratch, init_process_group
+    from trainport.distributed.reduction import BalancedStream, Transport, pieces
+    from trainport.distributed.trace import ByteCount
 
     topo = init_process_group()
     interface = args["interface"]
@@ -46,9 +52,20 @@ def worker(out: Path, args: dict[str, Any]) -> None:
     def kernel_sent() -> int:
         return interface_bytes(interface)[0] if interface != "lo" else written_bytes()
 
+    def reduce(name: str, flat: torch.Tensor) -> Any:
+        if name != "bal-coll":
+            return REDUCE[Algorithm(name)](flat, None, scratch)
+        stream = BalancedStream(None, scratch, transport=Transport.COLLECTIVES)
+        try:
+            counts = [stream.push(piece) for piece in pieces(flat, stream.world)]
+            stream.flush()
+        finally:
+            stream.close()
+        return ByteCount(sum(c.sent for c in counts), sum(c.received for c in counts))
+
     scratch = Scratch()
     for name in ALGORITHMS:  # connect every pair once, outside the timed region
-        REDUCE[Algorithm(name)](torch.ones(1024), None, scratch)
+        reduce(name, torch.ones(1024))
     results: list[dict[str, Any]] = []
     for size_mb in args["sizes_mb"]:
         n = int(size_mb * 2**20) // 4
@@ -61,7 +78,7 @@ def worker(out: Path, args: dict[str, Any]) -> None:
                 dist.barrier()
                 before = kernel_sent()
                 start = time.perf_counter()
-                count = REDUCE[Algorithm(name)](tensor, None, scratch)
+                count = reduce(name, tensor)
                 times[name].append(time.perf_counter() - start)
                 kernel[name] += kernel_sent() - before
                 counted[name] = {"sent": count.sent, "received": count.received}
@@ -133,7 +150,12 @@ def chart(rows: list[dict], path: Path) -> None:
 
     networks = list(dict.fromkeys(r["network"] for r in rows))
     fig, axes = plt.subplots(1, len(networks), figsize=(4.2 * len(networks), 3.8), squeeze=False)
-    colours = {"ring": "tab:blue", "balanced": "tab:green", "naive": "tab:red"}
+    colours = {
+        "ring": "tab:blue",
+        "balanced": "tab:green",
+        "bal-coll": "tab:olive",
+        "naive": "tab:red",
+    }
     styles = {2: ":", 3: "--", 4: "-"}
     for ax, network in zip(axes[0], networks, strict=True):
         mine = [r for r in rows if r["network"] == network]
@@ -158,7 +180,11 @@ def chart(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("message size (MB)")
         ax.set_ylabel("bus bandwidth (MB/s)")
     axes[0][-1].legend(fontsize=7)
-    fig.suptitle("gloo CPU reductions: ring all-reduce vs balanced sharded vs naive PS")
+    fig.suptitle(
+        "gloo CPU reductions: ring all-reduce vs balanced sharded (point-to-point, and on "
+        "gloo's collectives) vs naive PS",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

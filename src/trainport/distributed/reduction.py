@@ -268,10 +268,6 @@ class BalancedStream:
         self._reduced_slot = 0
         self._landing: queue.SimpleQueue[_Gather | None] | None = None
 
-    @property
-    def busy(self) -> bool:
-        return bool(self._pending or self._exchanging)
-
     def push(self, flat: torch.Tensor, done: Done | None = None) -> ByteCount:
         """Start averaging ``flat`` in place; ``done(None)`` once it holds the mean."""
         world = self.world
@@ -475,13 +471,15 @@ def pieces(flat: torch.Tensor, world: int) -> tuple[torch.Tensor, ...]:
 
     A slice holds at most max(PIECE_BYTES, 2N x MIN_SHARD_BYTES) and at least
     N x MIN_SHARD_BYTES (a tensor below that floor is one slice). Slices bound the
-    staging memory and let :class:`BalancedStream` keep several all-to-alls in flight,
-    which is what keeps a gloo link busy in both directions; a tensor of a few slices is
-    still cut in MIN_PIECES when its shards stay at least MIN_SHARD_BYTES, below which
-    per-message latency dominates. Equal slices, because every slice costs a round of
-    collectives whatever its size: cutting a 513 KiB bucket as 512 KiB + 1 KiB doubled
-    its latency. Measured on 1000 Mbit/s namespace hosts: 1 MiB slices beat 2 and 4 MiB;
-    one unsliced 64 MB all-to-all on 3 loopback ranks had taken 14x a ring all-reduce.
+    staging memory and let :class:`BalancedStream` keep several in flight, so one slice's
+    gather overlaps the next one's exchange (and, on collectives, both directions of a
+    gloo link stay busy); a tensor of a few slices is still cut in MIN_PIECES when its
+    shards stay at least MIN_SHARD_BYTES, below which per-message latency dominates (64 KiB
+    shards made the end-to-end benchmark slower). Equal slices, because every slice costs
+    a round of messages whatever its size: cutting a 513 KiB bucket as 512 KiB + 1 KiB
+    doubled its latency. Measured on 1000 Mbit/s namespace hosts with collectives: 1 MiB
+    slices beat 2 and 4 MiB; one unsliced 64 MB all-to-all on 3 loopback ranks had taken
+    14x a ring all-reduce.
     """
     n = flat.numel()
     size = flat.element_size()
