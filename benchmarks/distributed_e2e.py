@@ -41,7 +41,8 @@ from typing import Any
 
 from distributed_hosts import Hosts, run_ranks
 
-METHODS = ["ddp", "balanced", "naive"]
+METHODS = ["ddp", "balanced", "naive", "bal-coll"]
+DEFAULT_METHODS = METHODS[:3]
 ALONE = "alone"
 GOAL = 0.9
 
@@ -92,7 +93,9 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             bucket_cap_mb=args["bucket_mb"],
         )
         reducer = None
-        if method != "ddp":
+        if method == "bal-coll":  # the balanced reduction on gloo's own collectives
+            reducer = register_sharded_hook(model, algorithm="balanced", transport="collectives")
+        elif method != "ddp":
             reducer = register_sharded_hook(model, algorithm=method)
         setups[method] = (model, reducer, torch.optim.SGD(model.parameters(), lr=1e-3))
     # The same model without DDP: what each rank computes while the other N-1 compute too,
@@ -205,10 +208,17 @@ def chart(rows: list[dict], path: Path) -> None:
 
     networks = [n for n in dict.fromkeys(r["network"] for r in rows) if n != "one rank"]
     fig, axes = plt.subplots(1, len(networks), figsize=(4 * len(networks), 3.6), squeeze=False)
-    colours = {"ddp": "tab:blue", "balanced": "tab:green", "naive": "tab:red"}
+    colours = {
+        "ddp": "tab:blue",
+        "balanced": "tab:green",
+        "naive": "tab:red",
+        "bal-coll": "tab:olive",
+    }
     for ax, network in zip(axes[0], networks, strict=True):
         for method in METHODS:
             points = [r for r in rows if r["network"] == network and r["method"] == method]
+            if not points:
+                continue
             points = [{"world": 1, "efficiency": 1.0}, *points]
             ax.plot(
                 [p["world"] for p in points],
@@ -237,7 +247,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--networks", nargs="+", default=["loopback", "100", "400", "1000"])
-    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=DEFAULT_METHODS,
+        choices=METHODS,
+        help="bal-coll: the balanced hook on gloo's collectives instead of point-to-point",
+    )
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--batch", type=int, default=32)

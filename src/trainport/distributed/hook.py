@@ -45,6 +45,7 @@ from trainport.distributed.reduction import (
     Algorithm,
     BalancedStream,
     Scratch,
+    Transport,
     pieces,
 )
 from trainport.distributed.trace import ByteCount, ByteCounter, Timeline, now_us
@@ -71,7 +72,9 @@ class ShardedReducer:
     """Hook state: the communication thread, its process group, counters and timeline.
 
     Construct it on every rank at the same point (it creates a process group, which is a
-    collective call). ``algorithm`` is ``"balanced"`` (default), ``"ring"`` or ``"naive"``.
+    collective call). ``algorithm`` is ``"balanced"`` (default), ``"ring"`` or ``"naive"``;
+    ``transport`` carries the balanced reduction: ``"p2p"`` or ``"collectives"``, by
+    default point-to-point on gloo and collectives on NCCL (see ``default_transport``).
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class ShardedReducer:
         algorithm: Algorithm | str = Algorithm.BALANCED,
         dedicated_group: bool = True,
         trace_events: int = 200_000,
+        transport: Transport | str | None = None,
     ) -> None:
         self.algorithm = Algorithm(algorithm)
         self._reduce = ALGORITHMS[self.algorithm]
@@ -98,7 +102,7 @@ class ShardedReducer:
         self._failure: BaseException | None = None
         self._cuda_stream: Any = None
         self._scratch = Scratch()  # used only by the communication thread
-        self._stream = BalancedStream(self.group, self._scratch)
+        self._stream = BalancedStream(self.group, self._scratch, transport=transport)
         self._thread = threading.Thread(
             target=self._serve, name=f"trainport-comm-rank{self.rank}", daemon=True
         )
@@ -291,6 +295,7 @@ def register_sharded_hook(
     *,
     algorithm: Algorithm | str = Algorithm.BALANCED,
     dedicated_group: bool = True,
+    transport: Transport | str | None = None,
 ) -> ShardedReducer:
     """Create a :class:`ShardedReducer` for ``model``'s process group and register its hook.
 
@@ -298,7 +303,10 @@ def register_sharded_hook(
     first backward pass.
     """
     reducer = ShardedReducer(
-        model.process_group, algorithm=algorithm, dedicated_group=dedicated_group
+        model.process_group,
+        algorithm=algorithm,
+        dedicated_group=dedicated_group,
+        transport=transport,
     )
     model.register_comm_hook(reducer, sharded_hook)
     return reducer
