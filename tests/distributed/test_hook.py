@@ -35,7 +35,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Reports]:
 def test_gradients_equal_default_ddp(ranks: Callable[[int], Reports], world: int) -> None:
     for report in ranks(world):
         diffs = report["gradients"]["diff"]
-        algorithms = ("balanced", "ring", "naive")
+        algorithms = ("balanced", "ring", "naive", "balanced:collectives")
         assert set(diffs) == {f"{a}@{c}" for a in algorithms for c in (0.002, 25.0)}
         assert max(diffs.values()) <= 1e-6, diffs
         if world > 1:
@@ -91,6 +91,14 @@ def test_sagemaker_variables_form_the_group(tmp_path: Path) -> None:
     reports = launch(3, "join", tmp_path, timeout=90, sagemaker=True)
     assert [r["rank"] for r in reports] == [0, 1, 2]
     assert all(r["launcher"] == "sagemaker" and r["join"]["sum"] == 6.0 for r in reports)
+
+
+def test_both_transports_average_a_large_padded_tensor(tmp_path: Path) -> None:
+    for report in launch(3, "large", tmp_path, timeout=90):
+        for transport in ("p2p", "collectives"):
+            got = report["large"][transport]
+            assert got["slices"] > 1
+            assert got["error"] <= 1e-6, (transport, got)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 16])

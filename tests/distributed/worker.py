@@ -51,11 +51,13 @@ def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     """Max |hooked - default DDP| over all gradients of 3 steps, per algorithm and bucket cap."""
     results: dict[str, Any] = {"diff": {}, "bucket_elements": {}}
     base = odd_mlp()
-    for algorithm in args.get("algorithms", ["balanced", "ring", "naive"]):
+    for algorithm in args.get("algorithms", ["balanced", "ring", "naive", "balanced:collectives"]):
         for cap in args.get("caps_mb", [0.002, 25.0]):
             reference = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
             hooked = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
-            reducer = register_sharded_hook(hooked, algorithm=algorithm)
+            # "balanced:collectives": the balanced reduction on gloo's own collectives.
+            name, _, transport = algorithm.partition(":")
+            reducer = register_sharded_hook(hooked, algorithm=name, transport=transport or None)
             opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
             opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.1)
             worst = 0.0
@@ -171,7 +173,32 @@ def join(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"sum": total.item()}
 
 
+def large(rank: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Max error of balanced_average on a tensor of several padded slices, per transport."""
+    from trainport.distributed.reduction import BalancedStream, Transport, pieces
+
+    n = 5 * 2**20 // 4 + 3  # several slices, and not a multiple of N
+    world = dist.get_world_size()
+    values = [torch.randn(n, generator=torch.Generator().manual_seed(r)) for r in range(world)]
+    expected = torch.stack(values).mean(dim=0)
+    errors = {}
+    for transport in Transport:
+        flat = values[rank].clone()
+        stream = BalancedStream(transport=transport)
+        parts = pieces(flat, world)
+        for part in parts:
+            stream.push(part)
+        stream.flush()
+        stream.close()
+        errors[transport.value] = {
+            "error": (flat - expected).abs().max().item(),
+            "slices": len(parts),
+        }
+    return errors
+
+
 SCENARIOS = {
+    "large": large,
     "join": join,
     "gradients": gradients,
     "traffic": traffic,
