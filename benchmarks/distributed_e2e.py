@@ -127,10 +127,13 @@ def worker(out: Path, args: dict[str, Any]) -> None:
     # Methods take turns, a block of steps each per round, so that a change in the
     # machine's load (it is shared) falls on all of them alike.
     rounds: dict[str, list[tuple[list[float], list[float]]]] = {m: [] for m in setups}
+    cpu: dict[str, float] = dict.fromkeys(setups, 0.0)  # this process's CPU time, all threads
     for _ in range(args["rounds"]):
         for method in setups:
             dist.barrier()
+            before = time.process_time()
             rounds[method].append(train(method, args["steps"]))
+            cpu[method] += time.process_time() - before
     results: dict[str, Any] = {}
     for method, (_model, reducer, _opt) in setups.items():
         steps = [t for block, _ in rounds[method] for t in block]
@@ -139,6 +142,7 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             "step_s": sum(steps) / len(steps),
             "round_step_s": [sum(block) / len(block) for block, _ in rounds[method]],
             "exposed_s": sum(exposed) / len(exposed),
+            "cpu_s": cpu[method] / len(steps),
             "sent": reducer.counter.snapshot().sent if reducer else None,
         }
         if reducer is not None:
@@ -191,6 +195,7 @@ def summarise(
                 "alone_step_ms": sum(alone) / rounds * 1e3,
                 "efficiency_shared": sum(alone) / sum(per_round),
                 "exposed_ms": max(r[method]["exposed_s"] for r in reports) * 1e3,
+                "cpu_ms": sum(r[method]["cpu_s"] for r in reports) / world * 1e3,
                 "round_efficiency_shared": shared,
             }
         )
@@ -201,7 +206,7 @@ def print_table(rows: list[dict]) -> None:
     print(
         f"{'network':>12} {'N':>2} {'method':>9} {'step ms':>8} {'samples/s':>9} "
         f"{'eff vs 1':>8} {'alone ms':>8} {'eff vs alone':>12} {'per round':>11} "
-        f"{'exposed ms':>10}"
+        f"{'exposed ms':>10} {'CPU ms':>6}"
     )
     for r in rows:
         eff = "-" if r["efficiency"] is None else f"{r['efficiency']:.3f}"
@@ -210,7 +215,7 @@ def print_table(rows: list[dict]) -> None:
             f"{r['network']:>12} {r['world']:>2} {r['method']:>9} {r['step_ms']:>8.1f} "
             f"{r['samples_s']:>9.1f} {eff:>8} {r['alone_step_ms']:>8.1f} "
             f"{r['efficiency_shared']:>12.3f} {min(spread):>5.3f}-{max(spread):.3f} "
-            f"{r['exposed_ms']:>10.1f}"
+            f"{r['exposed_ms']:>10.1f} {r['cpu_ms']:>6.1f}"
         )
     sys.stdout.flush()
 
