@@ -43,8 +43,7 @@ def worker(out: Path, args: dict[str, Any]) -> None:
 
     from trainport.distributed import ALGORITHMS as REDUCE
     from trainport.distributed import Algorithm, Scratch, init_process_group
-    from trainport.distributed.reduction import BalancedStream, Transport, pieces
-    from trainport.distributed.trace import ByteCount
+    from trainport.distributed.reduction import Transport, balanced_average
 
     topo = init_process_group()
     interface = args["interface"]
@@ -53,15 +52,9 @@ def worker(out: Path, args: dict[str, Any]) -> None:
         return interface_bytes(interface)[0] if interface != "lo" else written_bytes()
 
     def reduce(name: str, flat: torch.Tensor) -> Any:
-        if name != "bal-coll":
-            return REDUCE[Algorithm(name)](flat, None, scratch)
-        stream = BalancedStream(None, scratch, transport=Transport.COLLECTIVES)
-        try:
-            counts = [stream.push(piece) for piece in pieces(flat, stream.world)]
-            stream.flush()
-        finally:
-            stream.close()
-        return ByteCount(sum(c.sent for c in counts), sum(c.received for c in counts))
+        if name == "bal-coll":
+            return balanced_average(flat, None, scratch, transport=Transport.COLLECTIVES)
+        return REDUCE[Algorithm(name)](flat, None, scratch)
 
     scratch = Scratch()
     for name in ALGORITHMS:  # connect every pair once, outside the timed region

@@ -38,6 +38,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from trainport.distributed import torchrun_env, torchrun_topology
+from trainport.runners.netns import keep_in_order, set_congestion_control
 
 logger = logging.getLogger("distributed_hosts")
 
@@ -54,7 +55,6 @@ def _ip(*args: str, check: bool = True) -> None:
     subprocess.run(["ip", *args], check=check, capture_output=True)
 
 
-_CC = "net.ipv4.tcp_congestion_control"
 _ALLOWED = "net.ipv4.tcp_allowed_congestion_control"
 
 
@@ -167,19 +167,14 @@ class Hosts:
             subprocess.run(
                 [*inside, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0"], check=True
             )
-            subprocess.run(
-                [*inside, "sysctl", "-qw", f"{_CC}={self.congestion_control}"], check=True
-            )
-            # Keep each link in order, as a NIC's receive queue is. A veth hands packets to
-            # the backlog of whichever CPU transmits them, and the token bucket releases
-            # some from its timer on the other CPU, so without steering one flow's packets
-            # overtake each other (fast retransmits, SACK recovery, smaller windows).
-            mask = f"{1 << (k % (os.cpu_count() or 1)):x}"
-            subprocess.run(
-                [*inside, "sh", "-c", f"echo {mask} > /sys/class/net/eth0/queues/rx-0/rps_cpus"],
-                check=True,
-            )
-            Path(f"/sys/class/net/{outer}/queues/rx-0/rps_cpus").write_text(mask)
+            # The same two settings as trainport's own namespace hosts, but required here.
+            problems = [
+                set_congestion_control(ns, self.congestion_control),
+                keep_in_order("eth0", k, netns=ns),
+                keep_in_order(outer, k),
+            ]
+            if any(problems):
+                raise SystemExit(f"cannot set up host {k}: {[p for p in problems if p]}")
             tc = ["tc", "qdisc", "add", "dev"]
             subprocess.run([*inside, *tc, "eth0", "root", *_tbf(rate)], check=True)
             subprocess.run([*tc, outer, "root", *_tbf(rate)], check=True)

@@ -175,7 +175,7 @@ def join(rank: int, args: dict[str, Any]) -> dict[str, Any]:
 
 def large(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     """Max error of balanced_average on a tensor of several padded slices, per transport."""
-    from trainport.distributed.reduction import BalancedStream, Transport, pieces
+    from trainport.distributed.reduction import Transport, balanced_average, pieces
 
     n = 5 * 2**20 // 4 + 3  # several slices, and not a multiple of N
     world = dist.get_world_size()
@@ -184,15 +184,10 @@ def large(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     errors = {}
     for transport in Transport:
         flat = values[rank].clone()
-        stream = BalancedStream(transport=transport)
-        parts = pieces(flat, world)
-        for part in parts:
-            stream.push(part)
-        stream.flush()
-        stream.close()
+        balanced_average(flat, transport=transport)
         errors[transport.value] = {
             "error": (flat - expected).abs().max().item(),
-            "slices": len(parts),
+            "slices": len(pieces(flat, world)),
         }
     return errors
 

@@ -46,6 +46,7 @@ from trainport.distributed.reduction import (
     BalancedStream,
     Scratch,
     Transport,
+    balanced_average,
     pieces,
 )
 from trainport.distributed.trace import ByteCount, ByteCounter, Timeline, now_us
@@ -88,6 +89,8 @@ class ShardedReducer:
     ) -> None:
         self.algorithm = Algorithm(algorithm)
         self._reduce = ALGORITHMS[self.algorithm]
+        if self.algorithm is Algorithm.BALANCED:  # the CUDA path reduces through this
+            self._reduce = functools.partial(balanced_average, transport=transport)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         if dedicated_group and self.world_size > 1:
@@ -254,11 +257,7 @@ class _Progress:
         self.tally = ByteCount()
 
     def add(self, count: ByteCount) -> None:
-        self.tally = ByteCount(
-            self.tally.sent + count.sent,
-            self.tally.received + count.received,
-            self.tally.collectives + count.collectives,
-        )
+        self.tally += count
 
     def finish_one(self, error: BaseException | None) -> bool:
         """Count one slice done; True for the last one."""

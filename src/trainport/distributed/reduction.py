@@ -157,19 +157,22 @@ def _in_pieces(
     flat.div_(world)
     total = ByteCount()
     for part in pieces(flat, world):
-        total = _add(total, piece(part, group, scratch, world))
+        total += piece(part, group, scratch, world)
     return total
 
 
 def balanced_average(
-    flat: torch.Tensor, group: Group = None, scratch: Scratch | None = None
+    flat: torch.Tensor,
+    group: Group = None,
+    scratch: Scratch | None = None,
+    transport: Transport | str | None = None,
 ) -> ByteCount:
     """Average by the balanced sharded reduction: shard i is reduced by rank i."""
-    stream = BalancedStream(group, scratch)
+    stream = BalancedStream(group, scratch, transport=transport)
     total = ByteCount()
     try:
         for piece in pieces(flat, stream.world):
-            total = _add(total, stream.push(piece))
+            total += stream.push(piece)
         stream.flush()
     finally:
         stream.close()
@@ -488,10 +491,6 @@ def pieces(flat: torch.Tensor, world: int) -> tuple[torch.Tensor, ...]:
     most = max(2 * least, PIECE_BYTES // size)
     count = max(1, -(-n // most), min(MIN_PIECES, n // least))
     return tuple(flat.tensor_split(count))
-
-
-def _add(a: ByteCount, b: ByteCount) -> ByteCount:
-    return ByteCount(a.sent + b.sent, a.received + b.received, a.collectives + b.collectives)
 
 
 def _naive_piece(flat: torch.Tensor, group: Group, scratch: Scratch, world: int) -> ByteCount:

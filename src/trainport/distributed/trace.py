@@ -38,6 +38,13 @@ class ByteCount:
     received: int = 0
     collectives: int = 0
 
+    def __add__(self, other: ByteCount) -> ByteCount:
+        return ByteCount(
+            self.sent + other.sent,
+            self.received + other.received,
+            self.collectives + other.collectives,
+        )
+
 
 class ByteCounter:
     """Thread-safe running totals: the communication thread adds, the trainer reads."""
@@ -48,10 +55,7 @@ class ByteCounter:
 
     def add(self, sent: int, received: int, collectives: int) -> None:
         with self._lock:
-            c = self._count
-            self._count = ByteCount(
-                c.sent + sent, c.received + received, c.collectives + collectives
-            )
+            self._count += ByteCount(sent, received, collectives)
 
     def snapshot(self) -> ByteCount:
         with self._lock:

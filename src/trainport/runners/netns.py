@@ -19,7 +19,14 @@ from dataclasses import dataclass
 
 from trainport.errors import SandboxError, ValidationError
 
-__all__ = ["HostNetwork", "NamespaceHost", "netns_problem", "parse_bandwidth"]
+__all__ = [
+    "HostNetwork",
+    "NamespaceHost",
+    "keep_in_order",
+    "netns_problem",
+    "parse_bandwidth",
+    "set_congestion_control",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,32 +66,35 @@ def _ip(*args: str) -> None:
         raise SandboxError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
 
 
+def _run_in(netns: str | None, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``argv`` run inside ``netns`` (the root namespace if None)."""
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+
 def _tbf(dev: str, *, rate: str, netns: str | None = None) -> None:
     # The bucket must hold at least one timer tick's worth of bytes at this rate or tbf
     # cannot reach the rate; 256 KiB covers several Gbit/s.
     argv = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate]
     argv += ["burst", "256kb", "latency", "50ms"]
-    if netns:
-        argv = ["ip", "netns", "exec", netns, *argv]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    done = _run_in(netns, argv)
     if done.returncode != 0:
         raise SandboxError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
-def _keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> None:
+def keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> str | None:
+    """Steer ``dev``'s received packets to CPU ``cpu`` (modulo the CPU count); why not, if
+    it cannot."""
     # A veth delivers each packet to the backlog of the CPU that transmitted it, and a
     # shaped link transmits some packets from tbf's timer on another CPU, so one flow's
     # packets overtake each other (spurious fast retransmits, smaller windows: stalls in
     # collectives). Steering the device's receive work to one CPU (RPS) keeps every flow
-    # in order, as a NIC's receive queue does. Best effort: kernels without RPS lack the file.
+    # in order, as a NIC's receive queue does. Kernels without RPS lack the file.
     mask = f"{1 << (cpu % (os.cpu_count() or 1)):x}"
     path = f"/sys/class/net/{dev}/queues/rx-0/rps_cpus"
-    argv = ["sh", "-c", f"echo {mask} > {path}"]
-    if netns:
-        argv = ["ip", "netns", "exec", netns, *argv]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-        log.debug("could not steer %s to one CPU: %s", dev, done.stderr.strip())
+    done = _run_in(netns, ["sh", "-c", f"echo {mask} > {path}"])
+    return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
 
 
 # Linux's own default. Some machines (this project's VMs among them) default to bbr, under
@@ -94,11 +104,10 @@ def _keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> None:
 CONGESTION_CONTROL = "cubic"
 
 
-def _congestion_control(netns: str) -> str | None:
-    """Use CONGESTION_CONTROL in ``netns``; why not, if it cannot."""
+def set_congestion_control(netns: str, algorithm: str = CONGESTION_CONTROL) -> str | None:
+    """Make ``algorithm`` TCP's default in ``netns``; why not, if it cannot."""
     key = "net.ipv4.tcp_congestion_control"
-    argv = ["ip", "netns", "exec", netns, "sysctl", "-qw", f"{key}={CONGESTION_CONTROL}"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    done = _run_in(netns, ["sysctl", "-qw", f"{key}={algorithm}"])
     return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
 
 
@@ -158,9 +167,10 @@ class HostNetwork:
             _ip("-n", nh.namespace, "addr", "add", f"{nh.address}/24", "dev", "eth0")
             _ip("-n", nh.namespace, "link", "set", "eth0", "up")
             _ip("-n", nh.namespace, "link", "set", "lo", "up")
-            refused = _congestion_control(nh.namespace) or refused
-            _keep_in_order(outside, int(k))
-            _keep_in_order("eth0", int(k), netns=nh.namespace)
+            refused = set_congestion_control(nh.namespace) or refused
+            for dev, inside in ((outside, None), ("eth0", nh.namespace)):
+                if problem := keep_in_order(dev, int(k), netns=inside):  # best effort
+                    log.debug("could not steer %s to one CPU: %s", dev, problem)
             if self.bandwidth:
                 _tbf(outside, rate=self.bandwidth)  # traffic into the host
                 _tbf("eth0", rate=self.bandwidth, netns=nh.namespace)  # traffic out of it
