@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from select_testkit import (
     workload,
 )
 
+from trainport.errors import JobError
 from trainport.select.mop import run_workload
 
 pytestmark = pytest.mark.slow
@@ -60,3 +63,40 @@ def test_spark_task_killed_mid_unit_restarts_the_stage(
     assert len(done) == len(set(done)) == 3 * 4 * 2
     assert {s.worker: s.loads for s in result.workers} == {0: 2, 1: 2}  # whole stage reloaded
     assert max_weight_diff(final_weights(result), final_weights(local_run)) <= 1e-6
+
+
+def test_spark_executors_run_the_tests_environment(require, require_binary) -> None:
+    """Executors must run this environment's interpreter, not the machine's python3."""
+    require("pyspark", "the Spark backend tests run Spark in local mode")
+    require_binary("java")
+    from trainport.select.backends.spark import SparkBackend, probe_executors
+
+    backend = SparkBackend()
+    try:
+        report = probe_executors(backend.open_session(1))
+    finally:
+        backend.close()
+    assert report.problem is None
+    assert Path(report.prefix).resolve() == Path(sys.prefix).resolve()
+
+
+def test_spark_executors_without_trainport_fail_at_once_naming_the_interpreter(
+    dataset: Path, tmp_path: Path, require, require_binary
+) -> None:
+    require("pyspark", "the Spark backend tests run Spark in local mode")
+    require_binary("java")
+    from trainport.select.backends.spark import SparkBackend
+
+    # A bare environment of the same Python version: Spark's worker runs, trainport is absent.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    python = str(bare / "bin" / "python")
+    # Spark's own Python modules come from its PYTHONPATH, so only trainport is missing.
+    backend = SparkBackend(conf={"spark.pyspark.python": python})
+    with pytest.raises(JobError) as caught:
+        run_workload(workload(dataset), backend)
+    message = str(caught.value)
+    assert python in message or str(bare) in message
+    assert "PYSPARK_PYTHON" in message
+    assert "trainport" in message
+    assert "barrier tasks connected" not in message  # the probe's report, not a timeout

@@ -10,6 +10,15 @@ Spark runs a barrier stage only as a whole: when one task dies, Spark aborts the
 So :meth:`SparkBackend.restart` launches the whole stage again (every worker reloads its
 partition) and reports the units that were running elsewhere as lost; the driver re-runs
 them from the models' last states, as with any lost unit.
+
+Which Python the executors run: PySpark fixes it when the SparkContext is created, from
+``PYSPARK_PYTHON`` (``spark.pyspark.python`` is read only by ``spark-submit``), and falls
+back to whatever ``python3`` is first on the executors' PATH. Started from a virtual
+environment without ``spark-submit``, that is the machine's base interpreter, where neither
+trainport nor the trainer imports. So a session this backend creates runs its executors on
+:func:`executor_python` (this interpreter unless the user named another), and before the
+barrier stage one plain task checks that an executor can import trainport and unpickle the
+trainer, failing at once with the interpreter's path and what to set otherwise.
 """
 
 from __future__ import annotations
@@ -17,11 +26,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge, wait
 from typing import Any
 
@@ -39,9 +50,94 @@ from trainport.select.partition import DataFile
 from trainport.select.scheduler import Placement, Unit
 from trainport.select.trainer import Trainer
 
-__all__ = ["SparkBackend"]
+__all__ = ["ExecutorPython", "SparkBackend", "executor_python", "probe_executors"]
 
 log = logging.getLogger(__name__)
+
+_PYTHON_CONF = "spark.pyspark.python"
+
+
+@dataclass(frozen=True)
+class ExecutorPython:
+    """What one executor's Python worker reported about itself."""
+
+    executable: str
+    prefix: str
+    problem: str | None  # why trainport or the trainer does not load there, or None
+
+
+def executor_python(conf: dict[str, str], environ: Mapping[str, str]) -> str:
+    """The interpreter Spark's executors should run: the user's choice, else this one.
+
+    ``spark.pyspark.python`` in the backend's ``conf`` wins, then ``PYSPARK_PYTHON``; else
+    ``sys.executable``, the virtual environment's own ``python`` (not the base interpreter
+    behind it), where trainport and the trainer's packages are installed.
+    """
+    return conf.get(_PYTHON_CONF) or environ.get("PYSPARK_PYTHON") or sys.executable
+
+
+def _probe(trainer_blob: bytes) -> Callable[[Iterator[Any]], Iterator[ExecutorPython]]:
+    """A task that reports the executor's interpreter and whether our code loads there.
+
+    Built as a closure so cloudpickle ships it by value: a function pickled by reference
+    would itself fail to unpickle where trainport is missing, with no useful report.
+    """
+
+    def probe(_rows: Iterator[Any]) -> Iterator[Any]:
+        import importlib
+        import pickle
+        import sys
+
+        problem = None
+        try:
+            importlib.import_module("trainport.select.backends.worker")
+            pickle.loads(trainer_blob)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        yield (sys.executable, sys.prefix, problem)
+
+    return probe
+
+
+def probe_executors(session: Any, trainer: Trainer | None = None) -> ExecutorPython:
+    """Run one task on ``session``'s executors and report the interpreter it ran on.
+
+    Raises :class:`JobError` naming the interpreter when the task cannot start there or when
+    trainport (or ``trainer``) does not load in it.
+    """
+    from pyspark import cloudpickle
+
+    sc = session.sparkContext
+    python = getattr(sc, "pythonExec", "?")
+    blob = cloudpickle.dumps(trainer) if trainer is not None else pickle.dumps(None)
+    advice = (
+        "Set PYSPARK_PYTHON (or the backend option conf: {spark.pyspark.python: ...}) to an "
+        "interpreter that has trainport and the trainer's packages installed on every "
+        "executor, e.g. this environment's python"
+    )
+    try:
+        rows = sc.parallelize([0], 1).mapPartitions(_probe(blob)).collect()
+    except Exception as exc:
+        raise JobError(
+            f"spark backend: a Python task could not run on the executors' interpreter "
+            f"{python!r}: {_first_line(exc)}. {advice}"
+        ) from exc
+    report = ExecutorPython(*rows[0])
+    if report.problem is not None:
+        raise JobError(
+            f"spark backend: the executors run {report.executable} (prefix {report.prefix}), "
+            f"where trainport or the trainer does not load ({report.problem}). {advice}"
+        )
+    log.info("spark backend: executors run %s", report.executable)
+    return report
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if "Error" in line or "Exception" in line:
+            return line.strip()[:500]
+    return text[:500]
 
 
 def _task(
@@ -70,6 +166,19 @@ def _task(
         yield worker
 
     return run
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 class SparkBackend(Backend):
@@ -103,26 +212,40 @@ class SparkBackend(Backend):
     def start(
         self, trainer: Trainer, partitions: Sequence[Sequence[DataFile]], placement: Placement
     ) -> None:
-        from pyspark.sql import SparkSession
-
-        n = placement.workers
-        active = SparkSession.getActiveSession()
-        if active is not None:
-            self._session = active
-        else:
-            builder = SparkSession.builder.master(self._master or f"local[{n}]")
-            builder = builder.appName("trainport-select")
-            # Workers must run this interpreter, where trainport and the trainer import.
-            builder = builder.config("spark.pyspark.python", sys.executable)
-            builder = builder.config("spark.ui.enabled", "false")
-            for key, value in self._conf.items():
-                builder = builder.config(key, value)
-            self._session = builder.getOrCreate()
-            self._owns_session = True
+        self.open_session(placement.workers)
+        try:
+            probe_executors(self._session, trainer)
+        except JobError:
+            self.close()  # the caller only closes a backend that started
+            raise
         self._trainer = trainer
         self._partitions = [list(p) for p in partitions]
         self._placement = placement
         self._launch()
+
+    def open_session(self, workers: int) -> Any:
+        """The Spark session to run on: the active one, else a new one this backend owns."""
+        from pyspark.sql import SparkSession
+
+        if self._session is not None:
+            return self._session
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            self._session = active
+            return active
+        builder = SparkSession.builder.master(self._master or f"local[{workers}]")
+        builder = builder.appName("trainport-select")
+        builder = builder.config("spark.ui.enabled", "false")
+        python = executor_python(self._conf, os.environ)
+        builder = builder.config(_PYTHON_CONF, python)
+        for key, value in self._conf.items():
+            builder = builder.config(key, value)
+        # PySpark takes the executors' interpreter from PYSPARK_PYTHON when the context is
+        # created, and only then: set it for that moment alone.
+        with _environment("PYSPARK_PYTHON", python):
+            self._session = builder.getOrCreate()
+        self._owns_session = True
+        return self._session
 
     def _launch(self) -> None:
         """Run the barrier stage and wait until every task has connected and loaded."""
