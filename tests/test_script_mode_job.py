@@ -154,3 +154,31 @@ def test_demo_script_trains_and_saves_a_model(home: Path, service: JobService) -
     assert accuracy > 0.7
     with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
         assert sorted(tar.getnames()) == ["config.json", "model.pt"]
+
+
+PYTHON_ON_PATH_PROBE = """
+import json, shutil, subprocess, sys
+found = shutil.which("python")
+prefix = subprocess.run([found, "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True).stdout.strip()
+print("PROBE " + json.dumps({"self": sys.prefix, "python_on_path": prefix}))
+"""
+
+
+@pytest.mark.parametrize("runner", ["sandbox", "process"])
+def test_script_mode_runs_and_exposes_the_environment_trainport_runs_in(
+    home: Path, service: JobService, runner: str
+) -> None:
+    """The entry point, and any `python` it starts from PATH, are this environment's."""
+    import sys
+
+    if runner == "sandbox":
+        require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
+    put(home, "data", "train/x.csv", "1,2\n")
+    name = f"interp-{runner}"
+    body = script_job(home, name, {"probe.py": PYTHON_ON_PATH_PROBE}, "probe.py")
+    service.create(body, runner=runner)
+    record = wait_for(service, name)
+    assert record.status == "Completed", record.failure_reason
+    (line,) = [text for _, text in service.logs(name) if text.startswith("PROBE ")]
+    got = json.loads(line[len("PROBE ") :])
+    assert got == {"self": sys.prefix, "python_on_path": sys.prefix}

@@ -342,6 +342,12 @@ class HostAgent:
             job_name=spec.name,
         )
         merged = {**env, **sm_env}
+        # The interpreter's own bin folder first, as in a framework container: a script that
+        # starts `python`, `pip` or `torchrun` itself gets this environment, not the
+        # machine's base interpreter.
+        merged["PATH"] = os.pathsep.join(
+            [str(Path(python).parent), *filter(None, [env.get("PATH")])]
+        )
         if env.get("PYTHONPATH"):  # the code folder first, the request's own paths after
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
         if spec.torch_distributed:
