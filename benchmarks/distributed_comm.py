@@ -45,7 +45,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
     from trainport.distributed import Algorithm, Scratch, init_process_group
     from trainport.distributed.reduction import Transport, balanced_average
 
-    topo = init_process_group()
+    # CPU tensors on gloo, also on a machine with GPUs (the ranks emulate CPU hosts).
+    topo = init_process_group(backend="gloo")
     interface = args["interface"]
 
     def kernel_sent() -> int:

@@ -55,7 +55,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
 
     from trainport.distributed import init_process_group, register_sharded_hook
 
-    topo = init_process_group()
+    # CPU tensors on gloo, also on a machine with GPUs (the ranks emulate CPU hosts).
+    topo = init_process_group(backend="gloo")
     layers = args["layers"]
     forward_s = args["forward_ms"] / 1e3 / layers
     backward_s = args["backward_ms"] / 1e3 / layers

@@ -36,6 +36,8 @@ EXTENSION_TAGS = {
     "every host (as the hyperparameter sagemaker_torch_distributed_enabled does)",
     "trainport:processes-per-host": "P: torchrun's --nproc_per_node (default: the host's GPU "
     "count, else 1)",
+    "trainport:gpus-per-host": "K or all: each host's share of the machine's GPUs (default: "
+    "an equal split; fewer GPUs than hosts: one each, shared in turn)",
     "trainport:network": "loopback (default: host k at 127.a.b.(k+1), a block per job) or "
     "namespaces (root: each host a network namespace on a bridge)",
     "trainport:host-bandwidth": "with network=namespaces, shape each host's link with tc tbf "
@@ -315,6 +317,10 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             raise ValidationError(
                 f"Tags: trainport:processes-per-host={value!r} must be a whole number from 1 to 64"
             )
+        if key == "trainport:gpus-per-host":
+            from trainport.host import gpus
+
+            gpus.parse_tag(value)
         if key == "trainport:network" and value not in ("loopback", "namespaces"):
             raise ValidationError(f"Tags: trainport:network={value!r}; use loopback or namespaces")
         if key == "trainport:host-bandwidth":

@@ -50,7 +50,8 @@ def batch(rank: int, step: int, features: int, size: int = 8) -> torch.Tensor:
 def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     """Max |hooked - default DDP| over all gradients of 3 steps, per algorithm and bucket cap."""
     results: dict[str, Any] = {"diff": {}, "bucket_elements": {}}
-    base = odd_mlp()
+    device = torch.device(args.get("device", "cpu"))
+    base = odd_mlp().to(device)
     for algorithm in args.get("algorithms", ["balanced", "ring", "naive", "balanced:collectives"]):
         for cap in args.get("caps_mb", [0.002, 25.0]):
             reference = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
@@ -62,7 +63,7 @@ def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
             opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.1)
             worst = 0.0
             for step in range(3):
-                x = batch(rank, step, 12)
+                x = batch(rank, step, 12).to(device)
                 for model, opt in ((reference, opt_ref), (hooked, opt_hooked)):
                     opt.zero_grad()
                     model(x).pow(2).mean().backward()
@@ -87,14 +88,15 @@ def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
 def traffic(rank: int, args: dict[str, Any]) -> dict[str, Any]:
     """Bytes counted by the hook and by the kernel over a few balanced DDP steps."""
     torch.manual_seed(7)
+    device = torch.device(args.get("device", "cpu"))
     # About 4 MB of gradients in buckets whose sizes are not multiples of N.
-    model = DDP(nn.Sequential(nn.Linear(1001, 997), nn.Linear(997, 3)), bucket_cap_mb=1)
+    model = DDP(nn.Sequential(nn.Linear(1001, 997), nn.Linear(997, 3)).to(device), bucket_cap_mb=1)
     reducer = register_sharded_hook(model, algorithm=args.get("algorithm", "balanced"))
     steps = int(args.get("steps", 3))
 
     def step(i: int) -> None:
         model.zero_grad()
-        model(batch(rank, i, 1001, size=4)).sum().backward()
+        model(batch(rank, i, 1001, size=4).to(device)).sum().backward()
 
     step(0)  # the first step rebuilds DDP's buckets; measure steady state
     dist.barrier()
@@ -207,7 +209,7 @@ def main() -> None:
     scenario, out, raw = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     args = json.loads(raw)
     args["out"] = str(out)
-    topology = init_process_group()
+    topology = init_process_group(backend=args.get("backend"))
     results: dict[str, Any] = {
         "rank": topology.rank,
         "world_size": topology.world_size,

@@ -20,6 +20,7 @@ from trainport.distributed.hook import ShardedReducer, register_sharded_hook, sh
 from trainport.distributed.process_group import (
     choose_backend,
     destroy_process_group,
+    device_backend,
     init_process_group,
 )
 from trainport.distributed.reduction import (
@@ -57,6 +58,7 @@ __all__ = [
     "balanced_average",
     "choose_backend",
     "destroy_process_group",
+    "device_backend",
     "init_process_group",
     "merge_traces",
     "naive_average",

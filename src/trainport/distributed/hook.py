@@ -16,6 +16,14 @@ The thread talks on its own process group (created collectively at construction)
 collectives never interleave with those DDP issues from the main thread (parameter and
 buffer broadcasts, bucket rebuilding).
 
+CUDA gradients on a group whose CUDA tensors are not carried by NCCL (gloo, whose TCP
+transport cannot read device memory) take the path SageMaker's data-parallel library takes:
+as soon as a bucket's gradients exist, the communication thread copies it into a pinned
+host buffer on a side stream, reduces it there with the chosen algorithm like a CPU bucket,
+and copies the result back on a second side stream once it has landed. The backward pass
+goes on meanwhile; the bytes each rank sends are those of the CPU path. With NCCL the
+reduction stays on the GPU.
+
 Use::
 
     model = DDP(module, bucket_cap_mb=4)
@@ -47,6 +55,7 @@ from trainport.distributed.reduction import (
     Scratch,
     Transport,
     balanced_average,
+    carrier,
     pieces,
 )
 from trainport.distributed.trace import ByteCount, ByteCounter, Timeline, now_us
@@ -67,6 +76,12 @@ class _Job:
     flat: torch.Tensor
     future: torch.futures.Future[torch.Tensor]
     ready_event: Any = None  # torch.cuda.Event marking when the gradients exist
+    host: torch.Tensor | None = None  # pinned copy reduced on the CPU (CUDA over gloo)
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """What the reduction works on: the pinned host copy if there is one."""
+        return self.flat if self.host is None else self.host
 
 
 class ShardedReducer:
@@ -104,6 +119,9 @@ class ShardedReducer:
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._failure: BaseException | None = None
         self._cuda_stream: Any = None
+        self._upload_stream: Any = None  # host-to-device copies, from the landing thread
+        self._pinned: dict[str, torch.Tensor] = {}  # one host buffer per bucket
+        self._cuda_on_host: bool | None = None
         self._scratch = Scratch()  # used only by the communication thread
         self._stream = BalancedStream(self.group, self._scratch, transport=transport)
         self._thread = threading.Thread(
@@ -152,7 +170,15 @@ class ShardedReducer:
                 _fail(job.future, ReductionError(f"an earlier reduction failed: {self._failure}"))
                 continue
             start = now_us()
-            if self.algorithm is Algorithm.BALANCED and job.ready_event is None:
+            if job.ready_event is not None and self._reduces_on_host():
+                try:
+                    self._to_host(job)
+                except Exception as exc:
+                    self._failed(job, exc)
+                    continue
+            if self.algorithm is Algorithm.BALANCED and (
+                job.ready_event is None or job.host is not None
+            ):
                 self._guard(functools.partial(self._push, job, start), job)
                 continue
             try:
@@ -164,7 +190,7 @@ class ShardedReducer:
 
     def _push(self, job: _Job, start: int) -> None:
         """Pipelined balanced path: the bucket completes when all its slices have landed."""
-        parts = pieces(job.flat, self.world_size)
+        parts = pieces(job.tensor, self.world_size)
         # One count per slice plus one for this method, so the bucket cannot complete
         # before every slice is pushed and the tally is whole (slices land in any order).
         progress = _Progress(len(parts) + 1)
@@ -207,6 +233,11 @@ class ShardedReducer:
     def _finished(
         self, job: _Job, start: int, count: ByteCount, error: BaseException | None
     ) -> None:
+        if error is None and job.host is not None:
+            try:
+                self._to_device(job)
+            except Exception as exc:
+                error = exc
         if error is not None:
             self._failed(job, error)
             return
@@ -221,8 +252,8 @@ class ShardedReducer:
         job.future.set_result(job.flat)
 
     def _run(self, job: _Job) -> Any:
-        if job.ready_event is None:
-            return self._reduce(job.flat, self.group, self._scratch)
+        if job.ready_event is None or job.host is not None:
+            return self._reduce(job.tensor, self.group, self._scratch)
         # CUDA: the gradients were produced on the trainer's stream; reduce on a side stream
         # that waits for them, and finish before completing the future so DDP can read the
         # result on any stream.
@@ -233,6 +264,37 @@ class ShardedReducer:
             count = self._reduce(job.flat, self.group, self._scratch)
         self._cuda_stream.synchronize()
         return count
+
+    def _reduces_on_host(self) -> bool:
+        """Whether CUDA buckets must be reduced in host memory (no NCCL for CUDA tensors)."""
+        if self._cuda_on_host is None:
+            self._cuda_on_host = self.world_size > 1 and carrier(self.group, "cuda") != "nccl"
+        return self._cuda_on_host
+
+    def _to_host(self, job: _Job) -> None:
+        """Copy a CUDA bucket into its pinned host buffer once its gradients exist."""
+        flat = job.flat
+        host = self._pinned.get(job.label)
+        if host is None or host.shape != flat.shape or host.dtype != flat.dtype:
+            # DDP may rebuild its buckets after the first iteration: sizes can change once.
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self._pinned[job.label] = host
+        if self._cuda_stream is None:
+            self._cuda_stream = torch.cuda.Stream(device=flat.device)
+        with torch.cuda.stream(self._cuda_stream):
+            self._cuda_stream.wait_event(job.ready_event)
+            host.copy_(flat, non_blocking=True)
+        self._cuda_stream.synchronize()
+        job.host = host
+
+    def _to_device(self, job: _Job) -> None:
+        """Copy a reduced host buffer back into the bucket, finished before DDP reads it."""
+        assert job.host is not None  # only called for jobs reduced on the host
+        if self._upload_stream is None:
+            self._upload_stream = torch.cuda.Stream(device=job.flat.device)
+        with torch.cuda.stream(self._upload_stream):
+            job.flat.copy_(job.host, non_blocking=True)
+        self._upload_stream.synchronize()
 
     def close(self) -> None:
         """Stop the communication thread after the buckets already queued."""

@@ -1,5 +1,9 @@
 """Process-group setup from the launcher's environment: gloo on CPU, NCCL with CUDA.
 
+Where CUDA is visible the default group is made with a device-to-backend map,
+``cpu:gloo,cuda:nccl`` (as torch's own default does), so one group serves CPU tensors on gloo
+and CUDA tensors on NCCL; a group of NCCL alone fails on the first CPU collective.
+
 Under torchrun the agent already serves the rendezvous store on ``MASTER_PORT``
 (``TORCHELASTIC_USE_AGENT_STORE=True``), so workers must join it through ``env://``; binding
 a second store there would fail. Everywhere else (SageMaker without torchrun, hand-started
@@ -19,16 +23,31 @@ import torch.distributed as dist
 from trainport.distributed.errors import TopologyError
 from trainport.distributed.topology import Topology, topology_from_env
 
-__all__ = ["choose_backend", "destroy_process_group", "init_process_group"]
+__all__ = ["choose_backend", "destroy_process_group", "device_backend", "init_process_group"]
 
 logger = logging.getLogger(__name__)
 
 
 def choose_backend() -> str:
-    """``nccl`` when this process can see a CUDA device and NCCL is built in, else ``gloo``."""
+    """``cpu:gloo,cuda:nccl`` when this process sees a CUDA device and has NCCL, else ``gloo``."""
     if torch.cuda.is_available() and dist.is_nccl_available():
-        return "nccl"
+        return "cpu:gloo,cuda:nccl"
     return "gloo"
+
+
+def device_backend(backend: str, device_type: str) -> str:
+    """The backend that carries ``device_type`` tensors in a group made with ``backend``.
+
+    ``backend`` is a single name (``gloo``, ``nccl``) or a device map such as
+    ``cpu:gloo,cuda:nccl``; a device the map does not name gets the first backend named.
+    """
+    if ":" not in backend:
+        return backend
+    pairs = [part.split(":", 1) for part in backend.split(",") if ":" in part]
+    for device, name in pairs:
+        if device.strip() == device_type:
+            return name.strip()
+    return pairs[0][1].strip() if pairs else backend
 
 
 def _tcp_address(host: str, port: int) -> str:
@@ -62,8 +81,8 @@ def init_process_group(
             )
         return topology
     backend = choose_backend() if backend is None else backend
-    if backend == "nccl":
-        torch.cuda.set_device(topology.local_rank)
+    if device_backend(backend, "cuda") == "nccl":
+        _set_device(topology.local_rank)
     agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     init_method = (
         "env://" if agent_store else _tcp_address(topology.master_addr, topology.master_port)
@@ -87,6 +106,22 @@ def init_process_group(
         init_method,
     )
     return topology
+
+
+def _set_device(local_rank: int) -> None:
+    """Drive the GPU of this local rank; more local ranks than GPUs share them in turn."""
+    count = torch.cuda.device_count()
+    if count == 0:
+        return
+    if local_rank >= count:
+        logger.warning(
+            "local rank %d but only %d visible GPUs: sharing GPU %d (NCCL refuses two ranks "
+            "of one group on one GPU; use the gloo backend for that)",
+            local_rank,
+            count,
+            local_rank % count,
+        )
+    torch.cuda.set_device(local_rank % count)
 
 
 def destroy_process_group() -> None:

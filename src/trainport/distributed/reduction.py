@@ -46,6 +46,7 @@ from enum import StrEnum
 import torch
 import torch.distributed as dist
 
+from trainport.distributed.process_group import device_backend
 from trainport.distributed.trace import ByteCount
 
 __all__ = [
@@ -104,8 +105,8 @@ class Transport(StrEnum):
     COLLECTIVES = "collectives"  # all_to_all_single, then all_gather_into_tensor
 
 
-def default_transport(group: Group) -> Transport:
-    """``p2p`` on gloo, ``collectives`` elsewhere (NCCL).
+def default_transport(group: Group, device_type: str = "cpu") -> Transport:
+    """``p2p`` where gloo carries ``device_type`` tensors, ``collectives`` elsewhere (NCCL).
 
     gloo's TCP transport writes a message only once the peer has announced the matching
     receive, and the announcement travels on the same ordered stream as data. Its
@@ -119,7 +120,12 @@ def default_transport(group: Group) -> Transport:
     point-to-point 558 ms. NCCL's all-to-all is itself grouped point-to-point and its
     all-gather a pipelined ring, so the collectives are kept there.
     """
-    return Transport.P2P if dist.get_backend(group) == "gloo" else Transport.COLLECTIVES
+    return Transport.P2P if carrier(group, device_type) == "gloo" else Transport.COLLECTIVES
+
+
+def carrier(group: Group, device_type: str) -> str:
+    """The backend of ``group`` that carries ``device_type`` tensors (see device maps)."""
+    return device_backend(str(dist.get_backend(group)), device_type)
 
 
 def _all_gather(output: torch.Tensor, shard: torch.Tensor, group: Group) -> dist.Work:
@@ -260,7 +266,9 @@ class BalancedStream:
         self.scratch = Scratch() if scratch is None else scratch
         self.depth = max(1, depth)
         self.ahead = max(0, ahead)
-        self.transport = default_transport(group) if transport is None else Transport(transport)
+        # Chosen by the first tensor's device unless given: a device-mapped group carries
+        # CPU tensors on gloo and CUDA tensors on NCCL.
+        self._transport = None if transport is None else Transport(transport)
         self._peers = [_global_rank(group, j) for j in range(self.world)]
         self._tag = 0
         self._report_lock = threading.Lock()
@@ -295,7 +303,9 @@ class BalancedStream:
         # unsummed now.
         received = self._staging("received", self._received_slot, flat, shard * world)
         self._received_slot = (self._received_slot + 1) % (self.ahead + 1)
-        if self.transport is Transport.P2P:
+        if self._transport is None:
+            self._transport = default_transport(self.group, flat.device.type)
+        if self._transport is Transport.P2P:
             exchange = self._exchange_p2p(padded, flat, received, shard, done)
         else:
             work = dist.all_to_all_single(received, padded, group=self.group, async_op=True)
@@ -361,7 +371,7 @@ class BalancedStream:
         # Row j holds rank j's copy of this rank's shard; summing rows in rank order makes
         # the result independent of which rank computes it.
         rows = exchange.received.view(self.world, exchange.shard)
-        if self.transport is Transport.P2P:
+        if self._transport is Transport.P2P:
             # Alive until the sends complete; at most `depth` other gathers are in flight.
             reduced = self._staging("reduced", self._reduced_slot, exchange.flat, exchange.shard)
             self._reduced_slot = (self._reduced_slot + 1) % (self.depth + 1)

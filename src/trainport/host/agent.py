@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from trainport.config import Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import pipe
+from trainport.host import gpus, pipe
 from trainport.host.artifacts import upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -82,13 +82,6 @@ class HostPlan:
     @property
     def hosts_file(self) -> Path:
         return self.job_dir / "hosts" / f"{self.host}.etc-hosts"
-
-
-def _gpu_count() -> int:
-    try:
-        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
-    except OSError:
-        return 0
 
 
 TORCHRUN_PORT = 7777
@@ -309,10 +302,26 @@ class HostAgent:
             env["TRAINPORT_PIPE_WORKERS"] = str(spec.pipe_workers)
         return env
 
+    def _gpus(self) -> gpus.GpuShare:
+        """This host's share of the machine's GPUs (told in the status when hosts share)."""
+        plan = self.plan
+        share = gpus.share(
+            gpus.machine_gpus(os.environ),
+            len(plan.hosts),
+            plan.host_index,
+            gpus.parse_tag(plan.spec.tags.get(gpus.TAG)),
+        )
+        if share.note:
+            self._notes.append(share.note)
+        return share
+
     def _command(self, layout: HostLayout) -> commands.Command:
         spec = self.plan.spec
         base_dir = self.runner.base_dir(layout.root)
         env = self._base_env(base_dir)
+        share = self._gpus()
+        if "CUDA_VISIBLE_DEVICES" not in spec.environment:  # the request's own choice wins
+            env.update(share.environment())
         how = commands.check_runnable(spec)
         if how != "script":
             return commands.plain_command(spec, env, f"{base_dir}/code")
@@ -337,7 +346,7 @@ class HostAgent:
             resource_config=self._resource_config(),
             input_data_config={c.name: c.input_data_config_entry() for c in spec.channels},
             python=python,
-            num_gpus=_gpu_count(),
+            num_gpus=len(share.devices),
             num_cpus=os.cpu_count() or 1,
             job_name=spec.name,
         )
@@ -351,10 +360,10 @@ class HostAgent:
         if env.get("PYTHONPATH"):  # the code folder first, the request's own paths after
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
         if spec.torch_distributed:
-            argv = self._torchrun(argv, python)
+            argv = self._torchrun(argv, python, len(share.devices))
         return commands.Command(tuple(argv), f"{base_dir}/code", merged)
 
-    def _torchrun(self, argv: list[str], python: str) -> list[str]:
+    def _torchrun(self, argv: list[str], python: str, host_gpus: int) -> list[str]:
         """The script-mode command under torchrun, as SageMaker's PyTorch containers run it."""
         plan, spec = self.plan, self.plan.spec
         if len(argv) < 2 or argv[0] != python or not argv[1].endswith(".py"):
@@ -362,7 +371,7 @@ class HostAgent:
                 "torch distributed training needs a Python entry point (sagemaker_program "
                 f"ending in .py); this job would run {argv[:2]}"
             )
-        per_host = spec.processes_per_host or _gpu_count() or 1
+        per_host = spec.processes_per_host or host_gpus or 1
         # Under the process runner nothing maps algo-1 in /etc/hosts: use its address.
         master = "algo-1" if self.runner.name == "sandbox" else plan.addresses["algo-1"]
         return [
