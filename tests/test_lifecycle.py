@@ -99,16 +99,22 @@ def test_exit_code_reason_without_failure_file(service: JobService) -> None:
     assert (record.status, record.failure_reason) == ("Failed", "AlgorithmError: , exit code: 3")
 
 
-def test_failure_reason_is_cut_at_1024_characters(service: JobService) -> None:
+def test_failure_reason_is_cut_at_1024_characters_keeping_the_cause(
+    service: JobService,
+) -> None:
+    """A long traceback keeps its first lines and its last one, the real cause."""
     code = (
         "import os,sys; base=os.environ['SAGEMAKER_BASE_DIR'];"
-        "open(base+'/output/failure','w').write('x'*5000); sys.exit(1)"
+        "open(base+'/output/failure','w').write('Traceback '+'x'*5000+' RuntimeError: cause'); sys.exit(1)"
     )
     service.create(
         python_job("long-reason", code, Tags=[{"Key": "trainport:runner", "Value": "process"}])
     )
     record = wait_for(service, "long-reason")
-    assert record.failure_reason == "x" * 1024
+    reason = record.failure_reason
+    assert reason is not None and len(reason) == 1024
+    assert reason.startswith("Traceback xxx") and reason.endswith("xxx RuntimeError: cause")
+    assert "\n...\n" in reason
 
 
 SAVE_ON_TERM = """

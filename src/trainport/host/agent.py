@@ -471,7 +471,8 @@ class HostAgent:
             text = layout.failure_file.read_text(encoding="utf-8", errors="replace")
         except OSError:
             text = ""
-        return text[:1024] if text.strip() else f"AlgorithmError: , exit code: {code}"
+        # Cut to SageMaker's limit by the status machine, which keeps the end too.
+        return text[:65536] if text.strip() else f"AlgorithmError: , exit code: {code}"
 
     # -- the end --------------------------------------------------------------------------
 

@@ -75,6 +75,23 @@ class Finished:
 Event = Phase | Progress | StopRequested | Finished
 
 
+#: SageMaker's limit on FailureReason.
+REASON_LIMIT = 1024
+
+
+def cut_reason(text: str, limit: int = REASON_LIMIT) -> str:
+    """``text`` within ``limit`` characters, keeping its start and its end.
+
+    A failure file often holds a traceback whose last lines are the real cause: cutting
+    only the tail off would drop exactly that.
+    """
+    if len(text) <= limit:
+        return text
+    gap = "\n...\n"
+    head = limit // 4
+    return text[:head] + gap + text[len(text) - (limit - head - len(gap)) :]
+
+
 def _with_secondary(record: JobRecord, secondary: str, message: str, now: float) -> JobRecord:
     transitions = list(record.transitions)
     if transitions and transitions[-1].status == secondary:
@@ -139,7 +156,9 @@ def advance(record: JobRecord, event: Event, now: float) -> JobRecord:
         )
     else:
         final, end_status = "Failed", Status.FAILED
-        reason = (event.failure_reason or f"AlgorithmError: , exit code: {event.exit_code}")[:1024]
+        reason = cut_reason(
+            event.failure_reason or f"AlgorithmError: , exit code: {event.exit_code}"
+        )
         message = "Training job failed"
     new = _with_secondary(record, final, message, now)
     # The final status is a point in time: its transition opens and closes at once.
