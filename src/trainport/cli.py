@@ -7,6 +7,7 @@ the job Completed.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 import click
 
-from trainport.errors import TrainportError, ValidationError
+from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, ValidationError
 
 __all__ = ["cli", "main"]
 
@@ -132,8 +133,6 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
 
 
 def _handle_errors(fn: F) -> F:
-    import functools
-
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -208,8 +207,9 @@ def run(
     if job_file is None and not (entry_point or image):
         raise ValidationError("give a job file, or --entry-point (script mode) or --image")
     service = _service()
-    from trainport.jobfile import build_request
+    from trainport.jobfile import build_request, discard_uploads, new_submission
 
+    submission = new_submission()
     request = build_request(
         job_file,
         name=name,
@@ -228,9 +228,16 @@ def run(
         instance_count=instance_count,
         torchrun=torchrun,
         processes_per_host=processes_per_host,
+        submission=submission,
+        check_name=functools.partial(_refuse_taken_name, service),
     )
-    arn = service.create(request, runner=runner)
     job = request["TrainingJobName"]
+    try:
+        arn = service.create(request, runner=runner)
+    except TrainportError:
+        # The code and folders this run uploaded are its own (see jobfile): drop them.
+        discard_uploads(service.store, job, submission)
+        raise
     if detach:
         click.echo(arn)
         return
@@ -247,6 +254,18 @@ def run(
     # Nothing is left to clean up: skip the interpreter's teardown, which a user would
     # otherwise wait for after the job has ended.
     os._exit(0 if record.status == "Completed" else 1)
+
+
+def _refuse_taken_name(service: Any, name: str) -> None:
+    """Refuse a taken name before anything of this run is uploaded."""
+    try:
+        service.get(name)
+    except NotFoundError:
+        return
+    raise ResourceInUseError(
+        f"Training job {name!r} already exists; choose another TrainingJobName "
+        "(names are unique, as in SageMaker)"
+    )
 
 
 @cli.group()

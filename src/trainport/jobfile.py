@@ -4,12 +4,19 @@ A job file is a CreateTrainingJob request in YAML or JSON with boto3's field nam
 flags (``--entry-point``, ``--hp``, ``--channel`` ...) fill or extend one, so a newcomer
 never has to write the whole request. Script mode packs the code into the store as
 ``sourcedir.tar.gz`` and a ``--channel`` given as a local folder is uploaded first.
+
+Those uploads go under ``s3://trainport/<job>/<submission>/``, where the submission id is
+random and new for each ``trainport run``: a refused duplicate of a name, or two runs of one
+name at the same instant, each write only their own keys and never the stored code or data
+of the job that holds the name.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +24,15 @@ from typing import Any
 from trainport.errors import ValidationError
 from trainport.store.api import ObjectStore, S3Uri
 
-__all__ = ["DEFAULT_BUCKET", "DEFAULT_ROLE", "SCRIPT_IMAGE", "build_request"]
+__all__ = [
+    "DEFAULT_BUCKET",
+    "DEFAULT_ROLE",
+    "SCRIPT_IMAGE",
+    "build_request",
+    "discard_uploads",
+    "new_submission",
+    "upload_prefix",
+]
 
 DEFAULT_ROLE = "arn:aws:iam::000000000000:role/trainport"
 DEFAULT_BUCKET = "trainport"
@@ -58,6 +73,16 @@ def _default_name(stem: str) -> str:
     return f"{base}-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')[:-3]}"
 
 
+def new_submission() -> str:
+    """A random id that names one submission's uploads and no other's."""
+    return secrets.token_hex(8)
+
+
+def upload_prefix(job: str, submission: str) -> S3Uri:
+    """Where one submission of ``job`` puts its code and local channels."""
+    return S3Uri(DEFAULT_BUCKET, f"{job}/{submission}/")
+
+
 def build_request(
     job_file: Path | None,
     *,
@@ -77,14 +102,21 @@ def build_request(
     instance_count: int | None = None,
     torchrun: bool = False,
     processes_per_host: int | None = None,
+    submission: str | None = None,
+    check_name: Callable[[str], None] = lambda name: None,
 ) -> dict[str, Any]:
-    """A CreateTrainingJob request from a job file and/or the convenience flags."""
+    """A CreateTrainingJob request from a job file and/or the convenience flags.
+
+    ``check_name`` is called with the job's name before anything is uploaded (it raises
+    when the name is taken); uploads go under :func:`upload_prefix` of ``submission``."""
     hp_pairs, channel_pairs = _pairs(hps, "--hp"), _pairs(channels, "--channel")
     metric_pairs, env_pairs = _pairs(metrics, "--metric"), _pairs(env, "--env")
     request: dict[str, Any] = _load_file(job_file) if job_file else {}
     stem = job_file.stem if job_file else Path(entry_point or "job").stem
     request["TrainingJobName"] = name or request.get("TrainingJobName") or _default_name(stem)
     job = request["TrainingJobName"]
+    check_name(job)
+    uploads = upload_prefix(job, submission or new_submission())
     request.setdefault("RoleArn", DEFAULT_ROLE)
     if job_file is None:
         request.setdefault(
@@ -116,7 +148,7 @@ def build_request(
         else:
             tarball = pack_entry_point(Path(entry_point))
             entry_point = Path(entry_point).name
-        target = S3Uri(DEFAULT_BUCKET, f"{job}/source/sourcedir.tar.gz")
+        target = uploads.child("source/sourcedir.tar.gz")
         store.put_bytes(target.bucket, target.key, tarball)
         # Quoted as the SageMaker SDK writes them; trainport and the toolkit both decode.
         hyper["sagemaker_program"] = json.dumps(entry_point)
@@ -132,9 +164,7 @@ def build_request(
                     raise ValidationError(
                         f"--channel {channel}={where}: give an s3:// URI or an existing folder"
                     )
-                uri = _upload_folder(
-                    store, folder, S3Uri(DEFAULT_BUCKET, f"{job}/input/{channel}/")
-                )
+                uri = _upload_folder(store, folder, uploads.child(f"input/{channel}/"))
             configs.append(
                 {
                     "ChannelName": channel,
@@ -168,6 +198,14 @@ def build_request(
     if tags:
         request.setdefault("Tags", []).extend(tags)
     return request
+
+
+def discard_uploads(store: ObjectStore, job: str, submission: str) -> None:
+    """Delete what one submission uploaded, once its job was refused: nothing else can
+    ever point at those keys."""
+    prefix = upload_prefix(job, submission)
+    for obj in store.list_objects(prefix.bucket, prefix.key):
+        store.delete(prefix.bucket, obj.key)
 
 
 def _upload_folder(store: ObjectStore, folder: Path, target: S3Uri) -> str:

@@ -233,6 +233,23 @@ def _check_fifo_names(channels: tuple[ChannelSpec, ...], per_worker: bool) -> No
                 )
 
 
+def _metric_definitions(algo: dict[str, Any], validate: bool) -> tuple[tuple[str, str], ...]:
+    """The (Name, Regex) pairs, each Regex compiled once at submission: one that cannot
+    compile would otherwise pass and only fail inside the running job."""
+    out = []
+    for i, raw in enumerate(algo.get("MetricDefinitions") or []):
+        try:
+            if validate:
+                re.compile(raw["Regex"])
+        except re.error as exc:
+            raise ValidationError(
+                f"AlgorithmSpecification.MetricDefinitions[{i}].Regex {raw['Regex']!r} "
+                f"(metric {raw['Name']!r}) is not a valid regular expression: {exc}"
+            ) from exc
+        out.append((raw["Name"], raw["Regex"]))
+    return tuple(out)
+
+
 def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
     """Validate a CreateTrainingJob request and return the typed spec trainport runs.
 
@@ -357,9 +374,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         max_runtime_seconds=int(
             (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds", DEFAULT_MAX_RUNTIME)
         ),
-        metric_definitions=tuple(
-            (m["Name"], m["Regex"]) for m in algo.get("MetricDefinitions") or []
-        ),
+        metric_definitions=_metric_definitions(algo, validate),
         checkpoint_uri=checkpoint.get("S3Uri"),
         checkpoint_local_path=local_path,
         tags=tags,

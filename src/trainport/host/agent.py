@@ -24,7 +24,7 @@ from trainport.config import Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
 from trainport.host import gpus, pipe
-from trainport.host.artifacts import upload_artifacts
+from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
     object_order,
@@ -494,6 +494,7 @@ class HostAgent:
                     spec.name,
                     layout.model_dir,
                     layout.output_data_dir,
+                    scratch=scratch_dir(self.plan.job_dir),
                 )
         except TrainportError as exc:
             problems.append(f"artifact upload failed: {exc}")

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from trainport.store.api import ObjectStore, S3Uri
 
-__all__ = ["artifact_prefix", "pack_dir", "pack_merged", "upload_artifacts", "upload_merged"]
+__all__ = [
+    "artifact_prefix",
+    "pack_dir",
+    "pack_merged",
+    "scratch_dir",
+    "upload_artifacts",
+    "upload_merged",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +40,33 @@ def pack_dir(source: Path, target: Path) -> None:
                 tar.add(source / entry, arcname=entry)
 
 
+def scratch_dir(job_dir: Path) -> Path:
+    """Where a job's archives are packed: beside its hosts' trees, out of every sandbox's
+    sight, and removed with the job's other leftovers when its supervisor is gone."""
+    return job_dir / "tmp"
+
+
+def _packing_folder(scratch: Path) -> tempfile.TemporaryDirectory[str]:
+    """A folder for the archives inside ``scratch`` (the job's own folder), not the system
+    temp folder: a supervisor killed mid-upload leaves its half-made archive where the
+    job's cleanup finds it, instead of in /tmp for good."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="artifacts-", dir=scratch)
+
+
 def upload_artifacts(
-    store: ObjectStore, output_path: str, job: str, model_dir: Path, output_data_dir: Path
+    store: ObjectStore,
+    output_path: str,
+    job: str,
+    model_dir: Path,
+    output_data_dir: Path,
+    *,
+    scratch: Path,
 ) -> str:
-    """Pack and upload both archives; returns the model artifact's URI."""
+    """Pack (in a folder under ``scratch``) and upload both archives; returns the model
+    artifact's URI."""
     prefix = artifact_prefix(output_path, job)
-    with tempfile.TemporaryDirectory(prefix="trainport-artifacts-") as tmp:
+    with _packing_folder(scratch) as tmp:
         for name, source in (("model.tar.gz", model_dir), ("output.tar.gz", output_data_dir)):
             archive = Path(tmp) / name
             pack_dir(source, archive)
@@ -79,11 +107,14 @@ def upload_merged(
     job: str,
     model_dirs: Sequence[tuple[str, Path]],
     output_dirs: Sequence[tuple[str, Path]],
+    *,
+    scratch: Path,
 ) -> tuple[str, list[str]]:
     """Pack every host's model and output folders into one model.tar.gz and one
-    output.tar.gz; returns the model URI and the model paths written by several hosts."""
+    output.tar.gz (in a folder under ``scratch``); returns the model URI and the model
+    paths written by several hosts."""
     prefix = artifact_prefix(output_path, job)
-    with tempfile.TemporaryDirectory(prefix="trainport-artifacts-") as tmp:
+    with _packing_folder(scratch) as tmp:
         conflicts: list[str] = []
         for name, sources in (("model.tar.gz", model_dirs), ("output.tar.gz", output_dirs)):
             archive = Path(tmp) / name

@@ -35,6 +35,8 @@ class CheckpointSync:
         self.local.mkdir(parents=True, exist_ok=True)
         items = []
         for obj in self.store.list_objects(self.uri.bucket, self.prefix):
+            if obj.key.endswith("/"):
+                continue  # a folder marker (the S3 console's "Create folder"): no file
             rel = relative_path(obj.key[len(self.prefix) :], what=f"checkpoint object {obj.key!r}")
             items.append(Transfer(self.uri.bucket, obj.key, self.local / rel, obj.size))
         download_all(self.store, items, workers=self.workers, label="checkpoints in")

@@ -20,6 +20,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -34,7 +35,15 @@ from trainport.errors import JobError
 from trainport.host.channels import ChannelObject
 from trainport.store.api import ObjectStore
 
-__all__ = ["FastFileMount", "FastFileUnavailable", "fuse_problem", "mount_channel"]
+__all__ = [
+    "FastFileMount",
+    "FastFileUnavailable",
+    "fuse_problem",
+    "mount_channel",
+    "mounts_under",
+    "unmount",
+    "unmount_under",
+]
 
 log = logging.getLogger(__name__)
 
@@ -174,17 +183,56 @@ class FastFileMount:
 
     def close(self, timeout: float = 10.0) -> None:
         if os.path.ismount(self.mountpoint):
-            argv = ["fusermount", "-u", str(self.mountpoint)]
-            if os.geteuid() == 0 or not shutil.which("fusermount"):
-                argv = ["umount", str(self.mountpoint)]
-            done = subprocess.run(argv, capture_output=True, timeout=30)
-            if done.returncode != 0:
-                # A process outside the job still has a file open: detach lazily.
-                lazy = ["umount", "-l"] if argv[0] == "umount" else ["fusermount", "-uz"]
-                subprocess.run([*lazy, str(self.mountpoint)], capture_output=True, timeout=30)
+            unmount(self.mountpoint)
         self.thread.join(timeout)
         _ignore_sigpipe()
         log.info("%s: FastFile view unmounted", self.label)
+
+
+def unmount(mountpoint: Path) -> None:
+    """Unmount a FastFile view, lazily if a process still has a file of it open."""
+    argv = ["fusermount", "-u", str(mountpoint)]
+    if os.geteuid() == 0 or not shutil.which("fusermount"):
+        argv = ["umount", str(mountpoint)]
+    done = subprocess.run(argv, capture_output=True, timeout=30)
+    if done.returncode != 0:
+        # A process outside the job still has a file open: detach lazily.
+        lazy = ["umount", "-l"] if argv[0] == "umount" else ["fusermount", "-uz"]
+        subprocess.run([*lazy, str(mountpoint)], capture_output=True, timeout=30)
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as the path it names (the kernel writes space as \\040 ...)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mounts_under(mountinfo: str, root: Path) -> list[Path]:
+    """The FUSE mount points at or below ``root`` in ``mountinfo`` (the text of
+    /proc/self/mountinfo), deepest first so that nested ones go before their parents."""
+    top = str(root).rstrip("/")
+    found: set[Path] = set()
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if "-" not in fields[6:]:
+            continue  # not a mountinfo line
+        fstype = fields[fields.index("-", 6) + 1]
+        point = _unescape(fields[4])
+        if fstype.startswith("fuse") and (point == top or point.startswith(top + "/")):
+            found.add(Path(point))
+    return sorted(found, key=lambda p: (-len(p.parts), str(p)))
+
+
+def unmount_under(root: Path) -> list[Path]:
+    """Unmount every FUSE mount left at or below ``root``, also those whose daemon died
+    (which ``os.path.ismount`` cannot see: stat fails on them); returns them."""
+    try:
+        text = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    left = mounts_under(text, Path(os.path.realpath(root)))
+    for mountpoint in left:
+        unmount(mountpoint)
+    return left
 
 
 def _ignore_sigpipe() -> None:

@@ -78,6 +78,9 @@ class JobRecord:
     # The supervising process, to tell a live job from one whose supervisor died:
     # (pid, the process's start time in clock ticks since boot, boot id).
     supervisor: tuple[int, int, str] | None = None
+    # The process starting the supervisor (same identity form). While it lives and no
+    # supervisor is recorded yet, the job is being started, not orphaned.
+    launcher: tuple[int, int, str] | None = None
     training_pgid: int | None = None
     training_pgids: tuple[int, ...] = ()  # one process group per host
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -92,8 +95,9 @@ class JobRecord:
         doc["final_metrics"] = tuple(MetricPoint(**m) for m in doc.get("final_metrics", ()))
         doc["notes"] = tuple(doc.get("notes", ()))
         doc["training_pgids"] = tuple(doc.get("training_pgids", ()))
-        if doc.get("supervisor") is not None:
-            doc["supervisor"] = tuple(doc["supervisor"])
+        for key in ("supervisor", "launcher"):
+            if doc.get(key) is not None:
+                doc[key] = tuple(doc[key])
         return cls(**doc)
 
     def to_describe(self) -> dict[str, Any]:

@@ -4,6 +4,11 @@ It validates and checks a request before anything runs (so bad input fails fast 
 stored is touched), persists the record, and starts a detached supervisor process for the
 job. Every read first reconciles: a job whose supervisor is gone is ended, Failed with a
 reason that says so (see README, "Durability"), never left InProgress.
+
+Reconciling and starting race each other from different processes (a CLI reads while a
+server's queue drains), so the verdict :func:`is_orphan` is taken again inside the update
+that ends the job, and a supervisor claims its job in one update before it runs anything:
+whichever comes first wins, and a job once ended never trains.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +33,7 @@ from typing import Any
 from trainport.config import Settings, load_settings
 from trainport.errors import ResourceInUseError, ValidationError
 from trainport.host import command as commands
-from trainport.host.artifacts import upload_merged
+from trainport.host.artifacts import scratch_dir, upload_merged
 from trainport.host.channels import resolve_channel
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB, JobSummary, ListQuery
@@ -37,13 +43,42 @@ from trainport.runners.api import select_runner
 from trainport.spec import JobSpec, parse_request
 from trainport.store.api import ObjectStore, S3Uri, open_store
 
-__all__ = ["JobService", "LogLine"]
+__all__ = ["JobService", "LogLine", "is_orphan"]
 
 log = logging.getLogger(__name__)
 
 LogLine = tuple[float, str]
-_LAUNCH_WINDOW = 60.0  # seconds a new job may take to record its supervisor
+# Seconds a job whose launcher has died may take to record its supervisor: a supervisor
+# spawned just before its launcher died still records itself once it is up.
+_LAUNCH_WINDOW = 60.0
 PENDING = "Pending"  # SecondaryStatus of a job waiting in a scheduler's queue
+
+Identity = tuple[int, int, str]
+
+
+def _launch_time(record: JobRecord) -> float:
+    """When the job's latest start began: leaving the queue, or its creation."""
+    starts = [t.start_time for t in record.transitions if t.status == "Starting"]
+    return max(starts, default=record.creation_time)
+
+
+def is_orphan(record: JobRecord, now: float, alive: Callable[[Identity], bool]) -> bool:
+    """Whether nothing will ever finish ``record``: the reconcile verdict.
+
+    A queued job waits for its scheduler; a job with no supervisor recorded yet is being
+    started while the process starting it lives, and for :data:`_LAUNCH_WINDOW` seconds
+    after that process is gone; past that, or once its recorded supervisor is dead, it is
+    orphaned. ``alive`` tells whether a process identity (see ``liveness``) still runs.
+    """
+    if Status(record.status).terminal:
+        return False
+    if record.supervisor is not None:
+        return not alive(record.supervisor)
+    if record.secondary_status == PENDING:
+        return False
+    if record.launcher is not None and alive(record.launcher):
+        return False
+    return now - _launch_time(record) >= _LAUNCH_WINDOW
 
 
 class JobService:
@@ -141,6 +176,7 @@ class JobService:
             ),
             runner=chosen.name,
             job_dir=str(self.settings.jobs_dir / spec.name),
+            launcher=liveness.identity(os.getpid()) if start else None,
         )
         if not start:
             waiting = "Waiting for capacity: the job starts when a running job ends"
@@ -165,7 +201,8 @@ class JobService:
             if r.status != Status.IN_PROGRESS.value or r.secondary_status != PENDING:
                 return r
             left[0] = True
-            return advance(r, Phase("Starting", "Preparing the instances"), time.time())
+            started = advance(r, Phase("Starting", "Preparing the instances"), time.time())
+            return dataclasses.replace(started, launcher=liveness.identity(os.getpid()))
 
         self.db.update(name, leave_queue)
         if not left[0]:
@@ -245,21 +282,38 @@ class JobService:
         ended: builtins.list[str] = []
         for name in self.db.names_in_status([Status.IN_PROGRESS.value, Status.STOPPING.value]):
             record = self.db.get(name)
-            if record.secondary_status == PENDING:
-                continue  # queued, not orphaned: its scheduler starts it
-            if record.supervisor is None:
-                if time.time() - record.creation_time < _LAUNCH_WINDOW:
-                    continue
-            elif liveness.is_alive(record.supervisor):
-                continue
-            self._end_orphan(record)
-            ended.append(name)
+            if is_orphan(record, time.time(), liveness.is_alive) and self._end_orphan(record):
+                ended.append(name)
         return ended
 
-    def _end_orphan(self, record: JobRecord) -> None:
+    def _end_orphan(self, record: JobRecord) -> bool:
+        """End an orphaned job; False if it turned out not to be one (it was started)."""
+        killed = False
+        model_uri = None
+        if record.supervisor is not None and record.job_dir:
+            # A dead supervisor never comes back: clean up after it and keep what the
+            # hosts' model folders hold, all that is left of the job. (With no supervisor
+            # recorded nothing ran: a supervisor claims its job before it runs anything.)
+            groups = record.training_pgids or (
+                (record.training_pgid,) if record.training_pgid else ()
+            )
+            killed = any([_stop_group(pgid, record.arn) for pgid in groups])
+            job_dir = Path(record.job_dir)
+            _unmount_left(record.name, job_dir)
+            with contextlib.suppress(Exception):
+                spec = parse_request(record.request, validate=False)
+                roots = [(h, job_dir / "hosts" / h) for h in spec.hosts]
+                model_uri, _ = upload_merged(
+                    self.store,
+                    spec.output_path,
+                    spec.name,
+                    [(h, root / "model") for h, root in roots],
+                    [(h, root / "output" / "data") for h, root in roots],
+                    scratch=scratch_dir(job_dir),
+                )
+            # Half-made archives of the dead supervisor's own upload, and ours.
+            shutil.rmtree(scratch_dir(job_dir), ignore_errors=True)
         pid = record.supervisor[0] if record.supervisor else None
-        groups = record.training_pgids or ((record.training_pgid,) if record.training_pgid else ())
-        killed = any([_stop_group(pgid, record.arn) for pgid in groups])
         reason = (
             f"InternalServerError: trainport's supervisor of this job (pid {pid}) ended "
             "without finishing it (it was killed or crashed)"
@@ -267,28 +321,22 @@ class JobService:
             + ". Run the job again under a new name; with CheckpointConfig it resumes from "
             "the last synced checkpoint."
         )
-        log.warning("job %s: %s", record.name, reason)
-        model_uri = None
-        if record.job_dir:
-            # What the hosts' model folders hold is all that is left of the job: keep it.
-            with contextlib.suppress(Exception):
-                spec = parse_request(record.request, validate=False)
-                roots = [(h, Path(record.job_dir) / "hosts" / h) for h in spec.hosts]
-                model_uri, _ = upload_merged(
-                    self.store,
-                    spec.output_path,
-                    spec.name,
-                    [(h, root / "model") for h, root in roots],
-                    [(h, root / "output" / "data") for h, root in roots],
-                )
+        ended = [False]
 
         def end(r: JobRecord) -> JobRecord:
-            if Status(r.status).terminal:
+            ended[0] = False  # update() may retry; only the applied call counts
+            # Decided again inside the update: a supervisor may have claimed the job
+            # since it was read.
+            if not is_orphan(r, time.time(), liveness.is_alive):
                 return r
+            ended[0] = True
             done = advance(r, Finished(None, reason), time.time())
             return dataclasses.replace(done, model_artifacts=model_uri or r.model_artifacts)
 
         self.db.update(record.name, end)
+        if ended[0]:
+            log.warning("job %s: %s", record.name, reason)
+        return ended[0]
 
     # -- logs -----------------------------------------------------------------------------
 
@@ -328,6 +376,15 @@ class JobService:
 def _never_started(record: JobRecord) -> bool:
     """A job stopped while it waited in the queue: Pending, then Stopping, nothing else."""
     return [t.status for t in record.transitions] == [PENDING, "Stopping"]
+
+
+def _unmount_left(name: str, job_dir: Path) -> None:
+    """Unmount the FastFile views a dead supervisor served: their FUSE daemon died with it,
+    and the mounts would stay, answering "Transport endpoint is not connected"."""
+    from trainport.host.fastfile import unmount_under
+
+    for mountpoint in unmount_under(job_dir):
+        log.warning("job %s: unmounted its FastFile view %s", name, mountpoint)
 
 
 def _stop_group(pgid: int | None, arn: str) -> bool:

@@ -24,7 +24,8 @@ from types import FrameType
 from trainport.config import Settings, load_settings
 from trainport.errors import TrainportError
 from trainport.host.agent import HostAgent, HostPlan
-from trainport.host.artifacts import upload_merged
+from trainport.host.artifacts import scratch_dir, upload_merged
+from trainport.jobs import liveness
 from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
 from trainport.jobs.status import Event, Finished, Phase, Progress, Status, StopRequested, advance
@@ -72,10 +73,32 @@ def _host_outcome(finished: Finished, host: str, multi: bool) -> Finished:
     return Finished(finished.exit_code, f"{host}: {reason}")
 
 
+def _claim(record: JobRecord, me: tuple[int, int, str] | None) -> JobRecord:
+    """The record with this process as its supervisor, unless it has ended or a live
+    supervisor other than this one holds it."""
+    if me is None or Status(record.status).terminal:
+        return record
+    held = record.supervisor
+    if held is not None and held != me and liveness.is_alive(held):
+        return record
+    return dataclasses.replace(record, supervisor=me)
+
+
+def _owned(record: JobRecord, pid: int) -> bool:
+    return not Status(record.status).terminal and (
+        record.supervisor is not None and record.supervisor[0] == pid
+    )
+
+
 def supervise(name: str, settings: Settings) -> int:
     log.info("supervising job %s (pid %d)", name, os.getpid())
     db = JobDB(settings.db_path)
-    record = db.get(name)
+    record = db.update(name, functools.partial(_claim, me=liveness.identity(os.getpid())))
+    if not _owned(record, os.getpid()):
+        # A reconcile ended it while it was being started (or another supervisor has it):
+        # running it now would train a job the record already calls ended.
+        log.warning("job %s is %s; not running it", name, record.status)
+        return 0
     spec = parse_request(record.request, validate=False)
     grace = spec.stop_grace_seconds
     if grace is None:
@@ -262,6 +285,7 @@ def _upload_merged(
             spec.name,
             [(h, lay.model_dir) for h, lay in layouts],
             [(h, lay.output_data_dir) for h, lay in layouts],
+            scratch=scratch_dir(agents[spec.hosts[0]].plan.job_dir),
         )
     except TrainportError as exc:
         reason = f"ClientError: artifact upload failed: {exc}"
