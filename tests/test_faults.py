@@ -4,8 +4,10 @@ checkpoint folder markers. Real CLI processes, real signals, moto over HTTP for 
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import itertools
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,10 +15,14 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.conftest import python_job, request, wait_for
+from tests.conftest import put, python_job, wait_for, wait_until
+from tests.pipe.conftest import require_fuse
 from trainport.config import load_settings
 from trainport.errors import ValidationError
-from trainport.jobs.service import JobService
+from trainport.host import fastfile
+from trainport.jobs.records import JobRecord, Transition
+from trainport.jobs.scheduler import Scheduler
+from trainport.jobs.service import JobService, is_orphan
 
 TRAINPORT = [sys.executable, "-m", "trainport.cli"]
 
@@ -147,5 +153,167 @@ def test_checkpoint_folder_markers_are_skipped_when_seeding(
     assert [line for _, line in service.logs("ckpt-markers")] == ["run1/state.txt epoch 3"]
 
 
-def _unused(*_: object) -> None:  # keeps imports used while the file grows
-    _ = (json, os, request)
+# -- 5: reconcile unmounts the FastFile views of a killed supervisor -------------------------
+
+
+def fuse_mounts(root: Path) -> list[Path]:
+    return fastfile.mounts_under(Path("/proc/self/mountinfo").read_text(), root.resolve())
+
+
+def test_reconcile_unmounts_a_killed_supervisors_fastfile_view(
+    home: Path, service: JobService
+) -> None:
+    require_fuse()
+    put(home, "data", "ff/a.txt", "A")
+    body = python_job(
+        "ff-orphan",
+        "import time; print('ready', flush=True); time.sleep(300)",
+        InputDataConfig=[
+            {
+                "ChannelName": "ff",
+                "DataSource": {
+                    "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://data/ff/"}
+                },
+                "InputMode": "FastFile",
+            }
+        ],
+    )
+    service.create(body, runner="process")
+    wait_until(lambda: any("ready" in line for _, line in service.logs("ff-orphan")), what="ready")
+    view = home / "jobs" / "ff-orphan" / "hosts" / "algo-1" / "input" / "data" / "ff"
+    assert fuse_mounts(home) == [view.resolve()]
+    supervisor = service.get("ff-orphan").supervisor
+    assert supervisor is not None
+    os.kill(supervisor[0], signal.SIGKILL)
+    wait_until(lambda: service.get("ff-orphan").status == "Failed", what="reconcile")
+    assert fuse_mounts(home) == []
+    assert not os.path.ismount(view)
+
+
+def test_mountinfo_lines_are_read_with_their_escapes() -> None:
+    text = (
+        "36 35 98:0 / /mnt/jobs/a\\040b/in rw - fuse trainport-fastfile:x rw\n"
+        "37 35 98:0 / /mnt/jobs/a\\040b/in/deeper rw shared:1 - fuse.x src rw\n"
+        "38 35 98:0 / /mnt/jobs/ab rw - fuse src rw\n"
+        "39 35 98:0 / /mnt/jobs/a\\040b/tmp rw - tmpfs tmpfs rw\n"
+    )
+    assert fastfile.mounts_under(text, Path("/mnt/jobs/a b")) == [
+        Path("/mnt/jobs/a b/in/deeper"),
+        Path("/mnt/jobs/a b/in"),
+    ]
+
+
+# -- 6: a job being started is never an orphan; an ended job never trains -----------------
+
+
+def _record(**fields: object) -> JobRecord:
+    base: dict[str, object] = {
+        "name": "j",
+        "arn": "arn",
+        "request": {},
+        "creation_time": 0.0,
+        "transitions": (
+            Transition("Pending", 0.0, 1000.0, ""),
+            Transition("Starting", 1000.0, None, ""),
+        ),
+    }
+    base.update(fields)
+    return JobRecord(**base)  # type: ignore[arg-type]
+
+
+LIVE = (1, 1, "boot")
+DEAD = (2, 2, "boot")
+
+
+@pytest.mark.parametrize(
+    ("fields", "now", "orphan"),
+    [
+        # Queued an hour, then left the queue: its launcher lives, so it is being started.
+        ({"secondary_status": "Starting", "launcher": LIVE}, 4600.0, False),
+        # Its launcher died just now: the supervisor it spawned still gets the window.
+        ({"secondary_status": "Starting", "launcher": DEAD}, 1010.0, False),
+        ({"secondary_status": "Starting", "launcher": DEAD}, 1000.0 + 3600, True),
+        ({"secondary_status": "Pending"}, 1e9, False),
+        ({"secondary_status": "Training", "supervisor": LIVE}, 1e9, False),
+        ({"secondary_status": "Training", "supervisor": DEAD}, 1001.0, True),
+        ({"status": "Failed", "secondary_status": "Failed", "supervisor": DEAD}, 1e9, False),
+    ],
+)
+def test_the_orphan_verdict(fields: dict[str, object], now: float, orphan: bool) -> None:
+    assert is_orphan(_record(**fields), now, lambda ident: ident == LIVE) is orphan
+
+
+def test_a_supervisor_started_for_an_ended_job_does_not_train_it(
+    home: Path, service: JobService
+) -> None:
+    service.create(python_job("ended", "print('trained')"), start=False)
+    assert service.stop("ended").status == "Stopped"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainport.jobs.supervisor", "ended"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "not running it" in done.stderr
+    record = service.get("ended")
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+    assert not service.log_path("ended").exists()
+
+
+def test_reconcile_in_another_process_while_the_queue_drains(
+    home: Path, service: JobService
+) -> None:
+    scheduler = Scheduler(JobService(load_settings(), reconcile_on_read=False), 1, interval=0.05)
+    names = [f"queued-{i}" for i in range(4)]
+    for name in names:
+        scheduler.submit(python_job(name, "print('trained')"))
+    for name in names:  # queued for an hour, as far as any window can tell
+        service.db.update(
+            name, lambda r: dataclasses.replace(r, creation_time=r.creation_time - 3600)
+        )
+    reconciler = subprocess.Popen(
+        [sys.executable, "-c", "from trainport.jobs.service import JobService\n"
+         "service = JobService()\nwhile True: service.reconcile()"],
+    )  # fmt: skip
+    try:
+        scheduler.start()
+        records = [wait_for(service, name) for name in names]
+    finally:
+        scheduler.close()
+        reconciler.kill()
+        reconciler.wait()
+    assert [(r.status, r.failure_reason) for r in records] == [("Completed", None)] * len(names)
+    spans = sorted((r.training_start_time or 0, r.training_end_time or 0) for r in records)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end, spans  # one job at a time, as --max-jobs 1 says
+
+
+# -- 7: archives are packed in the job's folder, and a killed supervisor's are removed ------
+
+
+def test_killed_during_upload_leaves_no_archive_behind(
+    home: Path, service: JobService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(system_tmp))  # the supervisor's temp folder
+    # A large sparse model: packing it takes long enough to be caught in the act.
+    code = (
+        "import os; m=os.environ['SAGEMAKER_BASE_DIR']+'/model/big.bin'\n"
+        "with open(m, 'wb') as f: f.truncate(8 << 30)\n"
+    )
+    service.create(python_job("packing", code), runner="process")
+    scratch = home / "jobs" / "packing" / "tmp"
+
+    def archives() -> list[Path]:
+        return [*scratch.rglob("*.tar.gz"), *system_tmp.rglob("*.tar.gz")]
+
+    wait_until(lambda: bool(archives()), what="an archive being packed")
+    supervisor = service.get("packing").supervisor
+    assert supervisor is not None
+    os.kill(supervisor[0], signal.SIGKILL)
+    assert list(system_tmp.iterdir()) == []
+    (home / "jobs" / "packing" / "hosts" / "algo-1" / "model" / "big.bin").unlink()
+    wait_until(lambda: service.get("packing").status == "Failed", what="reconcile")
+    assert not scratch.exists()
