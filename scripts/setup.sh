@@ -12,8 +12,9 @@ extras="torch"
 # System packages: bubblewrap for the sandbox runner (as root trainport can also use plain
 # mount namespaces), FUSE for FastFile mode, Chromium for the dashboard tests.
 apt_packages="bubblewrap"
-# The tests also need: FUSE (FastFile mode) and Chromium (the dashboard, driven by playwright).
-[ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium"
+# The tests also need: FUSE (FastFile mode), Chromium (the dashboard, driven by playwright),
+# OpenMPI (MPI jobs; its compiler wrappers and cmake build Horovod, see below).
+[ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium openmpi-bin libopenmpi-dev cmake g++"
 missing=""
 for p in $apt_packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -40,4 +41,8 @@ if [ ! -e "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".[$extras]"
   rm -f .venv/.trainport-*
   touch "$stamp"
+fi
+# Horovod for the MPI tests: built from source for this torch, cached by its inputs.
+if [ "${1:-}" = "--test" ]; then
+  .venv/bin/python -c 'import horovod.torch' 2>/dev/null || scripts/build-horovod.sh >&2
 fi

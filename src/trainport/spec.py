@@ -33,9 +33,11 @@ EXTENSION_TAGS = {
     "trainport:pipe-workers": "P: each Pipe channel becomes P per-worker FIFO series "
     "<channel>_w<k>_<epoch> holding disjoint shards (docs/pipe-mode.md)",
     "trainport:distribution": "torchrun: launch the script-mode entry point with torchrun on "
-    "every host (as the hyperparameter sagemaker_torch_distributed_enabled does)",
-    "trainport:processes-per-host": "P: torchrun's --nproc_per_node (default: the host's GPU "
-    "count, else 1)",
+    "every host (as the hyperparameter sagemaker_torch_distributed_enabled does); mpi: with "
+    "mpirun over every host (as sagemaker_mpi_enabled does)",
+    "trainport:processes-per-host": "P: processes per host for torchrun or MPI (default: the "
+    "host's GPU count, else 1)",
+    "trainport:mpi-options": "extra mpirun options (as sagemaker_mpi_custom_mpi_options)",
     "trainport:gpus-per-host": "K or all: each host's share of the machine's GPUs (default: "
     "an equal split; fewer GPUs than hosts: one each, shared in turn)",
     "trainport:network": "loopback (default: host k at 127.a.b.(k+1), a block per job) or "
@@ -324,10 +326,8 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
                 f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "
                 "processes from 1 to 1024"
             )
-        if key == "trainport:distribution" and value != "torchrun":
-            raise ValidationError(
-                f"Tags: trainport:distribution={value!r}; the one kind is torchrun"
-            )
+        if key == "trainport:distribution" and value not in ("torchrun", "mpi"):
+            raise ValidationError(f"Tags: trainport:distribution={value!r}; use torchrun or mpi")
         if key == "trainport:processes-per-host" and not (
             value.isdigit() and 1 <= int(value) <= 64
         ):

@@ -1,9 +1,10 @@
 """Where this reader sits: its rank among processes and its DataLoader worker id.
 
 Read at call time, never at import: the rank comes from ``torch.distributed`` when a process
-group is initialised, else from the ``RANK`` / ``WORLD_SIZE`` variables that torchrun,
-SageMaker's launchers and mpirun wrappers set. The host-local rank (``LOCAL_RANK`` /
-``LOCAL_WORLD_SIZE``) matters only for Pipe channels, whose FIFOs are per host; without those
+group is initialised, else from the ``RANK`` / ``WORLD_SIZE`` variables that torchrun and
+SageMaker's launchers set, else from OpenMPI's ``OMPI_COMM_WORLD_*`` (mpirun, Horovod). The
+host-local rank (``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE``, or OpenMPI's ``..._LOCAL_RANK`` /
+``..._LOCAL_SIZE``) matters only for Pipe channels, whose FIFOs are per host; without those
 variables all ranks are taken to share one host. torch is optional here: without it there
 is one process and no DataLoader workers.
 """
@@ -60,11 +61,26 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
         raise DataError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+# torchrun's names, and OpenMPI's for the same thing (read when torchrun's are absent).
+_MPI_NAMES = {
+    "RANK": "OMPI_COMM_WORLD_RANK",
+    "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
+    "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
+    "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE",
+}
+
+
+def _placement_int(env: Mapping[str, str], name: str, default: int) -> int:
+    if env.get(name, "") == "" and env.get(_MPI_NAMES[name], "") != "":
+        return _env_int(env, _MPI_NAMES[name], default)
+    return _env_int(env, name, default)
+
+
 def current_slot(env: Mapping[str, str] | None = None) -> ReaderSlot:
     """The slot of the calling process and DataLoader worker."""
     env = os.environ if env is None else env
-    rank = _env_int(env, "RANK", 0)
-    world = _env_int(env, "WORLD_SIZE", 1)
+    rank = _placement_int(env, "RANK", 0)
+    world = _placement_int(env, "WORLD_SIZE", 1)
     worker, num_workers = 0, 1
     try:
         import torch.distributed as dist
@@ -77,8 +93,8 @@ def current_slot(env: Mapping[str, str] | None = None) -> ReaderSlot:
         info = get_worker_info()
         if info is not None:
             worker, num_workers = info.id, info.num_workers
-    local_world = _env_int(env, "LOCAL_WORLD_SIZE", world)
-    local_rank = _env_int(env, "LOCAL_RANK", rank % local_world)
+    local_world = _placement_int(env, "LOCAL_WORLD_SIZE", world)
+    local_rank = _placement_int(env, "LOCAL_RANK", rank % local_world)
     return ReaderSlot(
         rank=rank,
         world_size=world,

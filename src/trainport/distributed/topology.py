@@ -45,6 +45,7 @@ class Launcher(StrEnum):
     """Which environment a :class:`Topology` was read from."""
 
     TORCHRUN = "torchrun"
+    MPI = "mpi"
     SAGEMAKER = "sagemaker"
     SINGLE = "single"
 
@@ -192,11 +193,34 @@ def _from_sagemaker(env: Mapping[str, str]) -> Topology:
     )
 
 
+def _from_mpi(env: Mapping[str, str]) -> Topology:
+    """Under mpirun (OpenMPI): ranks are placed host by host (``-map-by slot``)."""
+    world = _int(env, "OMPI_COMM_WORLD_SIZE")
+    rank = _int(env, "OMPI_COMM_WORLD_RANK")
+    local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
+    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", rank % local_world)
+    hosts = sorted(json.loads(env["SM_HOSTS"])) if env.get("SM_HOSTS") else []
+    return Topology(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        group_rank=rank // local_world,
+        num_nodes=max(1, -(-world // local_world)),
+        master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
+        master_port=_int(env, "MASTER_PORT", DEFAULT_MASTER_PORT),
+        launcher=Launcher.MPI,
+    )
+
+
 def topology_from_env(env: Mapping[str, str] | None = None) -> Topology:
-    """This process's placement, from torchrun's variables, else SageMaker's, else alone."""
+    """This process's placement, from torchrun's variables, else OpenMPI's, else SageMaker's,
+    else alone."""
     env = os.environ if env is None else env
     if "RANK" in env or "WORLD_SIZE" in env:
         return _from_torchrun(env)
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return _from_mpi(env)
     if env.get("SM_HOSTS"):
         return _from_sagemaker(env)
     return Topology()

@@ -42,6 +42,11 @@ def is_script_mode(spec: JobSpec) -> bool:
 
 def check_runnable(spec: JobSpec) -> str:
     """How the job will run ("entrypoint" | "image" | "script"), or a clear error now."""
+    from trainport.host import mpi
+
+    if mpi.mpi_settings(spec) is not None:
+        script = is_script_mode(spec)
+        mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
     if spec.entrypoint:
         exe = spec.entrypoint[0]
         if "/" not in exe and shutil.which(exe) is None:

@@ -1,0 +1,450 @@
+"""MPI launch across a job's hosts, as SageMaker's training toolkit does it, without ssh.
+
+SageMaker runs ``mpirun`` on algo-1 over every host (``-H algo-1:P,algo-2:P,... -np N*P``)
+while the other hosts wait for it, and mpirun reaches them over ssh. trainport gives mpirun
+a launch agent of its own instead (``plm_rsh_agent``): mpirun calls it as
+``agent HOST orted ...`` once per host, and the agent (:mod:`trainport.host.mpi_launch`, run
+inside algo-1's confinement) asks the supervisor, through a Unix socket in algo-1's tree,
+to start that daemon on HOST. There the host's agent, which has been waiting for exactly
+this, runs it as its training command: inside that host's own sandbox and network, with
+that host's environment (so each rank sees the ``SM_*`` variables of its own host, which
+orted hands down) and its own log. The socket accepts only the job's token and only the
+job's own hosts, each once; nobody configures ssh, and a job's ranks reach only its hosts.
+
+mpirun prefixes every chunk of rank output with ``[job,rank]<stream>:`` (``--tag-output``);
+:class:`RankDemux` splits algo-1's stream back into each rank's lines and routes them to
+the log of the host the rank runs on (``-map-by slot``: ranks ``k*P .. k*P+P-1`` on host k).
+``orte_abort_on_non_zero_status`` makes one failed rank end the run; :func:`failure_reason`
+reads which rank and host from mpirun's report.
+
+The pure parts (settings, the command line, routing, the failure report) are here; the
+socket service is :class:`LaunchBoard`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainport.errors import ValidationError
+from trainport.host.mpi_launch import ENV_HOST, ENV_SHM, ENV_SOCKET, ENV_TOKEN, VADER_DIR
+from trainport.spec import JobSpec
+
+__all__ = [
+    "ENV_HOST",
+    "ENV_SHM",
+    "VADER_DIR",
+    "LaunchBoard",
+    "LaunchRequest",
+    "MpiSettings",
+    "RankDemux",
+    "check",
+    "failure_reason",
+    "mpi_settings",
+    "mpirun_command",
+    "rank_host",
+]
+
+log = logging.getLogger(__name__)
+
+HP_ENABLED = "sagemaker_mpi_enabled"
+HP_PROCESSES = "sagemaker_mpi_num_of_processes_per_host"
+HP_OPTIONS = "sagemaker_mpi_custom_mpi_options"
+TAG_OPTIONS = "trainport:mpi-options"
+
+# Each host's shared-memory segments go in a folder of its own: hosts on one machine share
+# /dev/shm, and OpenMPI names segments by host name, which is the machine's for all of them.
+# A daemon's host sets VADER_DIR for it; algo-1's mpirun gets ENV_SHM instead (see there).
+# trainport's own folder in each host's tree (the launch socket, the shared-memory folder):
+# inside the tree so that it is reachable from inside the host's sandbox.
+PRIVATE = ".trainport"
+# How long a daemon may outlive the mpirun that asked for it before its host ends it.
+DAEMON_GRACE = 10.0
+
+_PACKAGE_HINT = (
+    "install OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin; or run scripts/setup.sh --test)"
+)
+
+
+@dataclass(frozen=True)
+class MpiSettings:
+    """What the request asks of MPI."""
+
+    processes_per_host: int | None  # None: the host's GPU count, else 1
+    custom_options: tuple[str, ...] = ()
+
+
+def _plain(value: str | None) -> str:
+    """A hyperparameter as the SDK sends it (JSON-encoded) or as a person writes it."""
+    if value is None:
+        return ""
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return value
+    return str(decoded).lower() if isinstance(decoded, bool) else str(decoded)
+
+
+def mpi_settings(spec: JobSpec) -> MpiSettings | None:
+    """The job's MPI settings, or None when it does not ask for MPI.
+
+    SageMaker's hyperparameters (``sagemaker_mpi_enabled``, ``..._num_of_processes_per_host``,
+    ``..._custom_mpi_options``) or trainport's tags (``trainport:distribution=mpi``,
+    ``trainport:processes-per-host``, ``trainport:mpi-options``); the tags win.
+    """
+    hps = spec.hyperparameters
+    enabled = _plain(hps.get(HP_ENABLED)).lower() == "true"
+    if not (enabled or spec.tags.get("trainport:distribution") == "mpi"):
+        return None
+    per_host = spec.processes_per_host
+    if per_host is None and hps.get(HP_PROCESSES) is not None:
+        raw = _plain(hps.get(HP_PROCESSES))
+        if not raw.isdigit() or not 1 <= int(raw) <= 64:
+            raise ValidationError(
+                f"HyperParameters.{HP_PROCESSES}={raw!r} must be a whole number from 1 to 64"
+            )
+        per_host = int(raw)
+    options = spec.tags.get(TAG_OPTIONS)
+    field_name = f"Tags: {TAG_OPTIONS}"
+    if options is None:
+        options, field_name = _plain(hps.get(HP_OPTIONS)), f"HyperParameters.{HP_OPTIONS}"
+    try:
+        custom = tuple(shlex.split(options))
+    except ValueError as exc:
+        raise ValidationError(f"{field_name}: cannot split {options!r}: {exc}") from exc
+    return MpiSettings(per_host, custom)
+
+
+def check(spec: JobSpec, entry: str | None) -> None:
+    """Refuse at submission what cannot launch: no mpirun here, or MPI with torchrun."""
+    settings = mpi_settings(spec)
+    if settings is None:
+        return
+    if spec.torch_distributed:
+        raise ValidationError(
+            "the job asks for both MPI and torchrun; choose one (sagemaker_mpi_enabled or "
+            "trainport:distribution)"
+        )
+    if entry is None:
+        raise ValidationError(
+            "MPI launch runs a script-mode entry point: set sagemaker_program and "
+            "sagemaker_submit_directory (trainport run --entry-point)"
+        )
+    if shutil.which("mpirun") is None:
+        raise ValidationError(f"the job asks for MPI but mpirun is not on PATH: {_PACKAGE_HINT}")
+
+
+def mpirun_command(
+    *,
+    hosts: Sequence[str],
+    per_host: int,
+    interface: str,
+    agent: Sequence[str],
+    program: Sequence[str],
+    custom_options: Sequence[str] = (),
+) -> list[str]:
+    """mpirun over every host with the toolkit's options, reaching hosts through ``agent``."""
+    command = [
+        "mpirun",
+        "--host", ",".join(f"{host}:{per_host}" for host in hosts),
+        "-np", str(len(hosts) * per_host),
+        # Jobs run as root inside their sandbox (as SageMaker's containers do).
+        "--allow-run-as-root",
+        "--display-map",
+        "--tag-output",
+        # Keep each daemon a child of its launch (no fork into the background), so the
+        # host that runs it waits for it and signals reach it.
+        "--leave-session-attached",
+        "-mca", "plm_rsh_agent", " ".join(agent),
+        "-mca", "plm_rsh_no_tree_spawn", "1",
+        "-mca", "btl_tcp_if_include", interface,
+        "-mca", "oob_tcp_if_include", interface,
+        "-bind-to", "none",
+        "-map-by", "slot",
+        "-mca", "pml", "ob1",
+        "-mca", "btl", "^openib",
+        "-mca", "orte_abort_on_non_zero_status", "1",
+        "-mca", "btl_vader_single_copy_mechanism", "none",
+        "-x", f"NCCL_SOCKET_IFNAME={interface}",
+        *custom_options,
+        *program,
+    ]  # fmt: skip
+    return command
+
+
+def rank_host(hosts: Sequence[str], per_host: int) -> Callable[[int], str | None]:
+    """Which host a rank runs on under ``-map-by slot`` with ``per_host`` slots each."""
+
+    def host_of(rank: int) -> str | None:
+        index = rank // per_host
+        return hosts[index] if 0 <= index < len(hosts) else None
+
+    return host_of
+
+
+_TAG = re.compile(rb"\[\d+,(\d+)\]<(?:stdout|stderr|stddiag)>:")
+
+
+@dataclass
+class RankDemux:
+    """Split mpirun's tagged output into (host, line) pairs, a line per rank per newline.
+
+    mpirun tags each chunk a rank wrote, not each line, so one line of algo-1's stream can
+    hold pieces of several ranks' lines; each rank's pieces are joined until its newline.
+    Untagged text is mpirun's own and stays on algo-1 (host ``None``).
+    """
+
+    host_of: Callable[[int], str | None]
+    _partial: dict[int, bytes] = field(default_factory=dict)
+
+    def feed(self, raw: bytes) -> list[tuple[str | None, bytes]]:
+        out: list[tuple[str | None, bytes]] = []
+        marks = list(_TAG.finditer(raw))
+        head = raw[: marks[0].start()] if marks else raw
+        if head.strip():
+            out.append((None, head.rstrip(b"\n")))
+        for i, mark in enumerate(marks):
+            rank = int(mark.group(1))
+            end = marks[i + 1].start() if i + 1 < len(marks) else len(raw)
+            text = self._partial.pop(rank, b"") + raw[mark.end() : end]
+            *lines, rest = text.split(b"\n")
+            out.extend((self.host_of(rank), line) for line in lines)
+            if rest:
+                self._partial[rank] = rest
+        return out
+
+    def flush(self) -> list[tuple[str | None, bytes]]:
+        left = [(self.host_of(rank), text) for rank, text in sorted(self._partial.items())]
+        self._partial.clear()
+        return left
+
+
+_NOTICED = re.compile(
+    r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)(?: \(([^)]*)\))?"
+)
+_PROCESS = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\]")
+_EXIT = re.compile(r"Exit code:\s*(-?\d+)")
+_NODE_LOST = re.compile(r"Remote daemon:\s*\S+ on node (\S+)")
+_ABORT = re.compile(
+    r"MPI_ABORT was invoked on rank (\d+) in communicator \S+\s+with errorcode (-?\d+)"
+)
+
+
+def failure_reason(lines: Sequence[str], host_of: Callable[[int], str | None], code: int) -> str:
+    """What ended an MPI run, naming the rank and its host, from mpirun's own report."""
+    text = "\n".join(lines)
+    if match := _NOTICED.search(text):
+        rank, node, signal_no, name = match.groups()
+        what = f"signal {signal_no}" + (f" ({name})" if name else "")
+        return f"AlgorithmError: MPI rank {rank} on host {node} was killed by {what}"
+    if match := _ABORT.search(text):
+        rank = int(match.group(1))
+        return (
+            f"AlgorithmError: MPI rank {rank} on host {host_of(rank) or '?'} aborted the run "
+            f"(MPI_Abort, error code {match.group(2)}); its log has the cause"
+        )
+    if (rank_match := _PROCESS.search(text)) and (exit_match := _EXIT.search(text)):
+        rank = int(rank_match.group(1))
+        host = host_of(rank) or "?"
+        return (
+            f"AlgorithmError: MPI rank {rank} on host {host} exited with code {exit_match.group(1)}"
+        )
+    if match := _NODE_LOST.search(text):
+        return f"AlgorithmError: mpirun lost the MPI daemon on host {match.group(1)}"
+    tail = [line for line in lines if line.strip()][-5:]
+    return f"AlgorithmError: mpirun exited with code {code}: " + " | ".join(tail)
+
+
+# -- the launch service (effects) -------------------------------------------------------------
+
+
+class LaunchRequest:
+    """One daemon mpirun wants started on a host; the host's agent runs it."""
+
+    def __init__(self, host: str, command: str) -> None:
+        self.host = host
+        self.command = command
+        self.cancelled = threading.Event()  # the launch agent went away: end the command
+        self._exit: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+    def finish(self, code: int) -> None:
+        self._exit.put(code)
+
+    def wait(self) -> int:
+        return self._exit.get()
+
+
+def has_mpi4py() -> bool:
+    """Whether the job's interpreter can run ``-m mpi4py`` (it layers on this one)."""
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is not None
+
+
+class LaunchBoard:
+    """The supervisor's side of the launch agent: a socket and a queue per host.
+
+    The leader's agent starts it with a folder inside its own tree (the socket must be
+    reachable from inside its sandbox); the socket is bound through ``/proc/self/fd`` so
+    that long job paths do not hit the 108-byte limit of a socket address.
+    """
+
+    MAX_REQUEST = 1 << 20
+
+    def __init__(self, hosts: Sequence[str]) -> None:
+        self.hosts = tuple(hosts)
+        self.token = secrets.token_hex(16)
+        self.path: Path | None = None
+        self._closed_at: float | None = None
+        self._queues: dict[str, queue.SimpleQueue[LaunchRequest | None]] = {
+            h: queue.SimpleQueue() for h in self.hosts[1:]
+        }
+        self._launched: set[str] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._server: socket.socket | None = None
+
+    def environment(self, socket_in_job: str) -> dict[str, str]:
+        """What the leader's training command needs to reach the board."""
+        return {ENV_SOCKET: socket_in_job, ENV_TOKEN: self.token}
+
+    def start(self, socket_dir: Path) -> None:
+        socket_dir.mkdir(parents=True, exist_ok=True)
+        self.path = socket_dir / "launch.sock"
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        fd = os.open(socket_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(f"/proc/self/fd/{fd}/{self.path.name}")
+        finally:
+            os.close(fd)
+        # The job may run as another uid inside its sandbox; the token is the guard.
+        os.chmod(self.path, 0o666)
+        server.listen(len(self.hosts))
+        self._server = server
+        threading.Thread(target=self._accept, name="mpi-launch", daemon=True).start()
+
+    def ended_for(self, seconds: float) -> bool:
+        """Whether the leader's run ended at least ``seconds`` ago."""
+        return self._closed_at is not None and time.monotonic() - self._closed_at >= seconds
+
+    def close(self) -> None:
+        """No more launches: hosts still waiting for one give up."""
+        if self._closed_at is None:
+            self._closed_at = time.monotonic()
+        self._closed.set()
+        for waiting in self._queues.values():
+            waiting.put(None)
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.close()
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def wait_for(self, host: str, stop: threading.Event) -> LaunchRequest | None:
+        """The daemon to run on ``host``, once mpirun asks; None if the run ended first."""
+        waiting = self._queues[host]
+        while not stop.is_set():
+            try:
+                request = waiting.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            return request
+        return None
+
+    def _accept(self) -> None:
+        assert self._server is not None  # set by start()
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._serve, args=(conn,), name="mpi-launch-conn", daemon=True
+            ).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            request = self._read(conn)
+            if request is None:
+                return
+            waiting = self._queues[request.host]
+            waiting.put(request)
+            done: list[int] = []
+            finisher = threading.Thread(target=lambda: done.append(request.wait()), daemon=True)
+            finisher.start()
+            # The agent keeps the connection open while the daemon runs: its end (mpirun
+            # killed it) must end the daemon too.
+            conn.settimeout(0.2)
+            while finisher.is_alive():
+                try:
+                    if conn.recv(1) == b"":
+                        request.cancelled.set()
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    request.cancelled.set()
+                    break
+            finisher.join()
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"exit": done[0]}).encode() + b"\n")
+
+    def _read(self, conn: socket.socket) -> LaunchRequest | None:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk or len(data) > self.MAX_REQUEST:
+                return None
+            data += chunk
+        try:
+            doc = json.loads(data)
+            token, host, command = str(doc["token"]), str(doc["host"]), str(doc["command"])
+        except (ValueError, KeyError, TypeError):
+            return self._refuse(conn, "malformed launch request")
+        if not hmac.compare_digest(token.encode(), self.token.encode()):
+            return self._refuse(conn, "wrong token")
+        if host not in self._queues:
+            return self._refuse(conn, f"{host!r} is not another host of this job")
+        with self._lock:
+            if host in self._launched or self._closed.is_set():
+                return self._refuse(conn, f"{host} was already launched")
+            self._launched.add(host)
+        log.info("mpi: launching the daemon on %s", host)
+        return LaunchRequest(host, command)
+
+    @staticmethod
+    def _refuse(conn: socket.socket, why: str) -> None:
+        log.warning("mpi launch refused: %s", why)
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"error": why}).encode() + b"\n")
+        return None
+
+
+def tail_lines(path: Path, limit: int = 200) -> Iterator[str]:
+    """The last ``limit`` text lines of a host log (timestamps removed)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * 1024))
+            data = f.read()
+    except OSError:
+        return iter(())
+    lines = [raw.partition(b"\t")[2].decode("utf-8", "replace") for raw in data.splitlines()]
+    return iter(lines[-limit:])
