@@ -178,7 +178,11 @@ def cli(verbose: bool, endpoint: str | None) -> None:
 @click.option(
     "--torchrun", is_flag=True, help="Script mode: run the entry with torchrun on every host."
 )
-@click.option("--processes-per-host", type=int, help="torchrun's --nproc_per_node.")
+@click.option(
+    "--mpi", is_flag=True, help="Script mode: launch the entry with mpirun over every host."
+)
+@click.option("--mpi-options", metavar="OPTIONS", help="Extra mpirun options (with --mpi).")
+@click.option("--processes-per-host", type=int, help="Processes per host for --torchrun or --mpi.")
 @click.option("--runner", type=click.Choice(["auto", "sandbox", "process"]), default=None)
 @click.option("--detach", is_flag=True, help="Return once the job is submitted.")
 @_handle_errors
@@ -198,6 +202,8 @@ def run(
     stop_grace: float | None,
     instance_count: int | None,
     torchrun: bool,
+    mpi: bool,
+    mpi_options: str | None,
     processes_per_host: int | None,
     runner: str | None,
     detach: bool,
@@ -227,6 +233,8 @@ def run(
         store=service.store,
         instance_count=instance_count,
         torchrun=torchrun,
+        mpi=mpi,
+        mpi_options=mpi_options,
         processes_per_host=processes_per_host,
         submission=submission,
         check_name=functools.partial(_refuse_taken_name, service),

@@ -103,6 +103,8 @@ def build_request(
     torchrun: bool = False,
     processes_per_host: int | None = None,
     submission: str | None = None,
+    mpi: bool = False,
+    mpi_options: str | None = None,
     check_name: Callable[[str], None] = lambda name: None,
 ) -> dict[str, Any]:
     """A CreateTrainingJob request from a job file and/or the convenience flags.
@@ -191,8 +193,14 @@ def build_request(
         tags.append({"Key": "trainport:stop-grace-seconds", "Value": str(stop_grace)})
     if instance_count is not None:
         request.setdefault("ResourceConfig", {})["InstanceCount"] = instance_count
+    if torchrun and mpi:
+        raise ValidationError("--torchrun and --mpi: choose one launcher")
     if torchrun:
         tags.append({"Key": "trainport:distribution", "Value": "torchrun"})
+    if mpi:
+        tags.append({"Key": "trainport:distribution", "Value": "mpi"})
+    if mpi_options is not None:
+        tags.append({"Key": "trainport:mpi-options", "Value": mpi_options})
     if processes_per_host is not None:
         tags.append({"Key": "trainport:processes-per-host", "Value": str(processes_per_host)})
     if tags:
