@@ -20,7 +20,8 @@ from tests.pipe.conftest import require_fuse
 from trainport.config import load_settings
 from trainport.errors import ValidationError
 from trainport.host import fastfile
-from trainport.jobs.records import JobRecord, Transition
+from trainport.host.metrics import MetricMatcher
+from trainport.jobs.records import JobRecord, MetricPoint, Transition
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService, is_orphan
 
@@ -92,6 +93,51 @@ def test_same_name_at_the_same_instant_runs_the_winners_own_code(
     assert sorted(tree(folder)) == [f"{winners[0]}.txt"]
     uploads = tree(home / "store" / "trainport" / "race")
     assert len({path.split("/")[0] for path in uploads}) == 1, sorted(uploads)
+
+
+# -- 2: a user's Regex is matched outside the supervisor, within a budget --------------------
+
+RUNAWAY = [
+    {"Name": "loss", "Regex": r"loss=([0-9.]+)"},
+    {"Name": "stall", "Regex": r"(a+)+$"},  # exponential on a run of a's that ends in b
+]
+
+
+def test_a_runaway_metric_regex_holds_up_neither_logs_nor_stop(service: JobService) -> None:
+    code = (
+        "import time\n"
+        "print('loss=0.5', flush=True)\n"
+        "print('a' * 60 + 'b', flush=True)\n"
+        "print('after', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    service.create(
+        python_job("runaway", code, algo={"MetricDefinitions": RUNAWAY}), runner="process"
+    )
+    wait_until(lambda: "after" in [t for _, t in service.logs("runaway")], what="log capture")
+    assert service.stop("runaway").status == "Stopping"
+    record = wait_for(service, "runaway")
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+    assert [(m.name, m.value) for m in record.final_metrics] == [("loss", 0.5)]
+    notes = [t for _, t in service.logs("runaway") if t.startswith("[trainport] metrics disabled")]
+    assert len(notes) == 1 and "'aaaa" in notes[0], notes
+
+
+def test_the_matcher_reports_points_then_disables_itself_on_a_runaway_line() -> None:
+    batches: list[list[MetricPoint]] = []
+    disabled: list[str] = []
+    matcher = MetricMatcher(
+        [(d["Name"], d["Regex"]) for d in RUNAWAY],
+        on_points=batches.append,
+        on_disabled=disabled.append,
+        budget=0.2,
+    )
+    matcher.feed("loss=1.5", 1.0)
+    matcher.feed("a" * 60 + "b", 2.0)
+    matcher.feed("loss=2.5", 3.0)  # after the runaway line: not matched any more
+    matcher.close()
+    assert [p for batch in batches for p in batch] == [MetricPoint("loss", 1.5, 1.0)]
+    assert len(disabled) == 1 and "0.2 s of CPU" in disabled[0]
 
 
 # -- 3: a Regex that cannot compile is refused at submission, naming its field --------------

@@ -34,7 +34,7 @@ from trainport.host.channels import (
 )
 from trainport.host.checkpoints import CheckpointSync
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
-from trainport.host.metrics import MetricParser
+from trainport.host.metrics import MetricMatcher
 from trainport.jobs.records import MetricPoint
 from trainport.jobs.status import Event, Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
@@ -110,7 +110,12 @@ class HostAgent:
         self.emit = emit
         self.on_metrics = on_metrics
         self.on_started = on_started
-        self.metrics = MetricParser(plan.spec.metric_definitions)
+        # Matched in a process of its own: a user's Regex must not hold up this one.
+        self.metrics = MetricMatcher(
+            plan.spec.metric_definitions,
+            on_points=on_metrics,
+            on_disabled=lambda message: self._log_line(f"[trainport] {message}"),
+        )
         self._process: HostProcess | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -448,20 +453,14 @@ class HostAgent:
 
     def _pump_logs(self, process: HostProcess) -> None:
         """Copy the job's output into its log with timestamps, and parse metrics."""
-        pending: list[MetricPoint] = []
-        last_flush = time.monotonic()
         with open(self.plan.log_path, "ab") as out:
             for raw in iter(process.stdout.readline, b""):
                 now = time.time()
                 out.write(f"{now:.3f}\t".encode() + raw.rstrip(b"\n") + b"\n")
                 out.flush()
                 if self.metrics:
-                    pending += self.metrics.parse(raw.decode("utf-8", "replace"), now)
-                    if pending and time.monotonic() - last_flush > 0.5:
-                        self.on_metrics(pending)
-                        pending, last_flush = [], time.monotonic()
-        if pending:
-            self.on_metrics(pending)
+                    self.metrics.feed(raw.decode("utf-8", "replace"), now)
+        self.metrics.close()  # the last points are recorded before the job's end
 
     @staticmethod
     def _failure_reason(layout: HostLayout, code: int) -> str | None:
