@@ -4,18 +4,21 @@ checkpoint folder markers. Real CLI processes, real signals, moto over HTTP for 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.conftest import put, python_job, wait_for, wait_until
+from tests.conftest import put, python_job, require, wait_for, wait_until
 from tests.pipe.conftest import require_fuse
 from trainport.config import load_settings
 from trainport.errors import ValidationError
@@ -197,6 +200,69 @@ def test_checkpoint_folder_markers_are_skipped_when_seeding(
     record = wait_for(service, "ckpt-markers")
     assert record.status == "Completed", record.failure_reason
     assert [line for _, line in service.logs("ckpt-markers")] == ["run1/state.txt epoch 3"]
+
+
+# -- 4: a full disk ends the job Failed, saying so and where --------------------------------
+
+
+@pytest.fixture
+def small_home(home: Path) -> Iterator[Path]:
+    """TRAINPORT_HOME on an 8 MiB tmpfs of its own, removed after the test."""
+    require(os.geteuid() == 0, "mounting a small tmpfs as TRAINPORT_HOME needs root")
+    home.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(home)], check=True)
+    try:
+        yield home
+    finally:
+        subprocess.run(["umount", "-l", str(home)], check=True)
+
+
+def test_disk_filled_while_staging(small_home: Path, tmp_path: Path) -> None:
+    put(small_home, "data", "ds/big.bin", os.urandom(5 << 20))  # staged twice over: no room
+    entry = tmp_path / "train.py"
+    entry.write_text("print('never')\n")
+    done = tp("run", "--name", "full-staging", "--entry-point", str(entry),
+              "--channel", "train=s3://data/ds/")  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert "Job full-staging: Failed (Failed)" in done.stderr
+    described = json.loads(tp("jobs", "describe", "full-staging").stdout)
+    data = small_home / "jobs" / "full-staging" / "hosts" / "algo-1" / "input" / "data"
+    reason = described["FailureReason"]
+    assert reason.startswith(f"ClientError: no space left on the device that holds {data} ")
+    assert "while staging the input data" in reason and "killed or crashed" not in reason
+    assert list(data.iterdir()) == []  # the staged copies are gone
+
+
+def test_disk_filled_while_writing_the_model(small_home: Path, tmp_path: Path) -> None:
+    entry = tmp_path / "train.py"
+    entry.write_text(
+        "import os\n"
+        "with open(os.environ['SM_MODEL_DIR'] + '/model.bin', 'wb') as f:\n"
+        "    for _ in range(40): f.write(os.urandom(1 << 20))\n"
+    )
+    done = tp("run", "--name", "full-model", "--entry-point", str(entry))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Job full-model: Failed (Failed)" in done.stderr
+    root = small_home / "jobs" / "full-model" / "hosts" / "algo-1"
+    reason = json.loads(tp("jobs", "describe", "full-model").stdout)["FailureReason"]
+    assert reason.startswith(f"ClientError: no space left on the device that holds {root} ")
+    assert "while training" in reason
+
+
+def test_full_disk_at_submission_is_one_line(small_home: Path, tmp_path: Path) -> None:
+    assert tp("jobs", "list").returncode == 0  # the database exists
+    with open(small_home / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(b"\0" * (1 << 20))
+    entry = tmp_path / "train.py"
+    entry.write_text("print('never')\n")
+    done = tp("run", "--name", "full-submit", "--entry-point", str(entry))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert "no space is left on the device" in lines[0]
 
 
 # -- 5: reconcile unmounts the FastFile views of a killed supervisor -------------------------

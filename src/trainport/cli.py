@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 import click
 
-from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, ValidationError
+from trainport.errors import (
+    DatabaseError,
+    NotFoundError,
+    ResourceInUseError,
+    TrainportError,
+    ValidationError,
+)
 
 __all__ = ["cli", "main"]
 
@@ -106,7 +112,13 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
         while True:
             now = time.monotonic()
             if now - last_check > 0.2:
-                record = service.get(name)
+                try:
+                    record = service.get(name)
+                except DatabaseError:
+                    # A full disk, say: the job's supervisor makes room to record its
+                    # end, and the log goes on meanwhile.
+                    last_check = now
+                    continue
                 for t in record.transitions[seen_transitions:]:
                     _echo_err(f"[trainport] {t.status}: {t.message}")
                     last_message = t.message

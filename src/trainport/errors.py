@@ -7,6 +7,7 @@
     │   └── NotFoundError      a job or object that does not exist (ValidationException)
     ├── ResourceInUseError     a job name that is already taken (ResourceInUse)
     ├── StoreError             the object store failed or cannot be reached
+    ├── DatabaseError          the job database cannot be read or written (a full disk)
     ├── SandboxError           the sandbox runner cannot isolate a job on this machine
     └── JobError               a job-level failure while running (reported as FailureReason)
 
@@ -17,6 +18,7 @@ Foreign exceptions are translated at the boundary with ``raise ... from exc``.
 from __future__ import annotations
 
 __all__ = [
+    "DatabaseError",
     "JobError",
     "NotFoundError",
     "ResourceInUseError",
@@ -48,6 +50,10 @@ class ResourceInUseError(TrainportError):
 
 class StoreError(TrainportError):
     api_code = "ValidationException"
+
+
+class DatabaseError(TrainportError):
+    pass
 
 
 class SandboxError(TrainportError):

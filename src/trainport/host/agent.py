@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from trainport.config import Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import gpus, pipe
+from trainport.host import diskspace, gpus, pipe
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -123,6 +123,10 @@ class HostAgent:
         self._streams: list[pipe.PipeChannelServer | fastfile.FastFileMount] = []
         self._notes: list[str] = []  # told in the Training status message
         self._stream_failure: str | None = None
+        # Room kept back to record the job's end if its disk fills, and what the host was
+        # doing (and where) for the reason if it does.
+        self._reserve = diskspace.Reserve(plan.job_dir / "hosts" / f"{plan.host}.reserve")
+        self._activity = ("preparing the host", plan.job_dir)
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -154,19 +158,24 @@ class HostAgent:
         checkpoints: CheckpointSync | None = None
         result: Finished
         try:
+            self._reserve.claim()
             self.emit(Phase("Downloading", "Downloading input data"))
             self._prepare(layout)
             if spec.checkpoint_uri:
+                self._activity = ("seeding checkpoints", layout.local(spec.checkpoint_local_path))
                 checkpoints = CheckpointSync(
                     self.store, spec.checkpoint_uri, layout.local(spec.checkpoint_local_path)
                 )
                 seeded = checkpoints.seed()
                 log.info("seeded %d checkpoint files from %s", seeded, spec.checkpoint_uri)
+            self._activity = ("staging the input data", layout.data_dir)
             self._stage_channels(layout)
+            self._activity = ("unpacking the code", layout.code_dir)
             cmd = self._command(layout)
             if self._stop.is_set():
                 raise _Stopped
             self.emit(Phase("Training", "; ".join(["Training in progress", *self._notes])))
+            self._activity = ("training", layout.root)
             result = self._train(cmd, layout, checkpoints)
         except _Stopped:
             failure = self._stream_failure
@@ -178,8 +187,31 @@ class HostAgent:
             log.exception("host %s failed", plan.host)
             result = Finished(None, f"InternalError: {type(exc).__name__}: {exc}")
         self._close_streams()
+        result = self._room_to_end(result, layout)
         self.emit(Phase("Uploading", "Uploading generated training model"))
         return self._finish(result, layout, checkpoints)
+
+    def _room_to_end(self, result: Finished, layout: HostLayout) -> Finished:
+        """Give back the reserve; on a full disk also drop the staged input, so the job's
+        end can be recorded, and say in the reason that the disk filled, and where."""
+        full = diskspace.is_full(layout.root)
+        self._reserve.release()
+        if not full:
+            return result
+        removed = diskspace.make_room(layout.data_dir)
+        what, where = self._activity
+        log.error("host %s: no space left on the device while %s (%s)", self.plan.host, what, where)
+        if result.exit_code == 0:
+            return result  # it finished: packing its model may still fail, and says why
+        reason = (
+            f"ClientError: no space left on the device that holds {where} "
+            f"(TRAINPORT_HOME {self.settings.home}) while {what}"
+            + ("; its staged input data was removed to make room" if removed else "")
+            + ". Free space there and run the job again"
+        )
+        if result.failure_reason:
+            reason += f". The job reported: {result.failure_reason}"
+        return Finished(result.exit_code, reason)
 
     def _prepare(self, layout: HostLayout) -> None:
         plan, spec = self.plan, self.plan.spec
@@ -453,14 +485,21 @@ class HostAgent:
 
     def _pump_logs(self, process: HostProcess) -> None:
         """Copy the job's output into its log with timestamps, and parse metrics."""
-        with open(self.plan.log_path, "ab") as out:
+        lost = 0  # lines that could not be written (a full disk)
+        # Unbuffered: a write that fails leaves nothing behind to fail again at close.
+        with open(self.plan.log_path, "ab", buffering=0) as out:
             for raw in iter(process.stdout.readline, b""):
                 now = time.time()
-                out.write(f"{now:.3f}\t".encode() + raw.rstrip(b"\n") + b"\n")
-                out.flush()
+                try:
+                    out.write(f"{now:.3f}\t".encode() + raw.rstrip(b"\n") + b"\n")
+                except OSError:  # read on all the same, or training blocks on its pipe
+                    lost += 1
+                    continue
                 if self.metrics:
                     self.metrics.feed(raw.decode("utf-8", "replace"), now)
         self.metrics.close()  # the last points are recorded before the job's end
+        if lost:
+            log.warning("host %s: %d log lines could not be written", self.plan.host, lost)
 
     @staticmethod
     def _failure_reason(layout: HostLayout, code: int) -> str | None:
@@ -483,8 +522,8 @@ class HostAgent:
         if checkpoints is not None:
             try:
                 checkpoints.sync()
-            except TrainportError as exc:
-                problems.append(f"checkpoint upload failed: {exc}")
+            except (TrainportError, OSError) as exc:
+                problems.append(f"checkpoint upload failed: {_said(exc)}")
         try:
             if self.plan.upload_artifacts:
                 self.model_uri = upload_artifacts(
@@ -495,10 +534,18 @@ class HostAgent:
                     layout.output_data_dir,
                     scratch=scratch_dir(self.plan.job_dir),
                 )
-        except TrainportError as exc:
-            problems.append(f"artifact upload failed: {exc}")
+        except (TrainportError, OSError) as exc:  # OSError: packing in the job's folder
+            problems.append(f"artifact upload failed: {_said(exc)}")
         if problems and result.exit_code == 0:
             return Finished(1, "ClientError: " + "; ".join(problems))
         return result
 
     model_uri: str | None = None
+
+
+def _said(exc: Exception) -> str:
+    """An error for a reason: ours as they are, the system's with the file they name."""
+    if isinstance(exc, OSError) and not isinstance(exc, TrainportError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror or exc}{where}"
+    return str(exc)

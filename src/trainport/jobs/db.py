@@ -11,13 +11,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainport.errors import NotFoundError, ResourceInUseError
+from trainport.errors import DatabaseError, NotFoundError, ResourceInUseError
 from trainport.jobs.records import JobRecord, MetricPoint
 
 __all__ = ["JobDB", "JobSummary", "ListQuery"]
@@ -43,6 +44,10 @@ CREATE TABLE IF NOT EXISTS metrics (
 );
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics (job, name, ts);
 """
+
+# Below this much free space a failing SQLite is taken to be out of room: a connection
+# needs 32 KiB for the WAL index, and a write some pages of log.
+_ROOM_NEEDED = 256 << 10
 
 _SORT_COLUMNS = {"Name": "name", "CreationTime": "creation_time", "Status": "status"}
 
@@ -84,15 +89,30 @@ class JobDB:
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
-            conn.execute("PRAGMA busy_timeout=30000")
-            # WAL stays consistent after a crash of trainport with NORMAL; only a power
-            # loss can drop the last commits. FULL would fsync every status change.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            yield conn
-        finally:
-            conn.close()
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            try:
+                conn.execute("PRAGMA busy_timeout=30000")
+                # WAL stays consistent after a crash of trainport with NORMAL; only a power
+                # loss can drop the last commits. FULL would fsync every status change.
+                conn.execute("PRAGMA synchronous=NORMAL")
+                yield conn
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as exc:
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: sqlite3.OperationalError) -> DatabaseError:
+        """SQLite's error as ours; on a full disk it reports only "disk I/O error", since
+        even a read needs room for the write-ahead log's index: say what is wrong."""
+        message = f"the job database {self.path} cannot be read or written: {exc}"
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return DatabaseError(message)
+        if st.f_bavail * st.f_frsize < _ROOM_NEEDED:
+            message += f"; no space is left on the device that holds {self.path.parent}"
+        return DatabaseError(message)
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

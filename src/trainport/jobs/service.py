@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainport.config import Settings, load_settings
-from trainport.errors import ResourceInUseError, ValidationError
+from trainport.errors import DatabaseError, ResourceInUseError, ValidationError
 from trainport.host import command as commands
 from trainport.host.artifacts import scratch_dir, upload_merged
 from trainport.host.channels import resolve_channel
@@ -353,7 +353,12 @@ class JobService:
         offset = 0
         buffer = b""
         while True:
-            ended = Status(self.get(name).status).terminal if follow else True
+            try:
+                ended = Status(self.get(name).status).terminal if follow else True
+            except DatabaseError as exc:
+                # A full disk, say: the job's supervisor makes room to record its end.
+                log.debug("job %s: %s; reading its log on", name, exc)
+                ended = False
             if path.exists():
                 with open(path, "rb") as f:
                     f.seek(offset)

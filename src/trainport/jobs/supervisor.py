@@ -9,6 +9,7 @@ submitted it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -18,11 +19,11 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from trainport.config import Settings, load_settings
-from trainport.errors import TrainportError
+from trainport.errors import DatabaseError, TrainportError
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.artifacts import scratch_dir, upload_merged
 from trainport.jobs import liveness
@@ -154,21 +155,29 @@ def _run_hosts(
         # "Uploading" would say so too early.
         if multi and isinstance(event, Phase) and event.secondary == "Uploading":
             return
-        db.update(name, lambda r: advance(r, event, time.time()))
+        with _unless_unwritable(name, "a status change"):
+            db.update(name, lambda r: advance(r, event, time.time()))
 
     def on_started(pgid: int) -> None:
-        db.update(
-            name,
-            lambda r: dataclasses.replace(
-                r, training_pgid=r.training_pgid or pgid, training_pgids=(*r.training_pgids, pgid)
-            ),
-        )
+        with _unless_unwritable(name, "its process group"):
+            db.update(
+                name,
+                lambda r: dataclasses.replace(
+                    r,
+                    training_pgid=r.training_pgid or pgid,
+                    training_pgids=(*r.training_pgids, pgid),
+                ),
+            )
+
+    def add_metrics(points: list[MetricPoint]) -> None:
+        with _unless_unwritable(name, "metric points"):
+            db.add_metrics(name, points)
 
     def metrics_sink(host: str) -> Callable[[list[MetricPoint]], None]:
         # FinalMetricDataList and the metric series come from algo-1, as on SageMaker
         # where the first host's log feeds the job's metrics.
         if host == hosts[0]:
-            return lambda pts: db.add_metrics(name, pts)
+            return add_metrics
         return lambda pts: None
 
     store = open_store(settings)
@@ -211,6 +220,8 @@ def _run_hosts(
     # Runtime counts from when the job leaves the queue and starts, as SageMaker bills it.
     deadline = time.time() + spec.max_runtime_seconds
     terminating = False
+    overdue = False  # stopped at the deadline while its record could not be written
+    unreadable = False  # said once per spell of a database that cannot be read
     failed_host: str | None = None
     while any(w.is_alive() for w in workers):
         wake.wait(_POLL)
@@ -226,15 +237,28 @@ def _run_hosts(
                 for host, agent in agents.items():
                     if host != failed_host:
                         agent.terminate(grace)
-        current = db.get(name)
-        if terminate_signal.is_set() and current.status == Status.IN_PROGRESS.value:
-            # SIGTERM straight to the supervisor (not via the service) is a stop too.
-            user_stop = StopRequested("user", "Stopping the training job")
-            current = db.update(name, functools.partial(_expire, event=user_stop))
-        if current.status != Status.STOPPING.value and time.time() >= deadline:
-            message = f"MaxRuntimeInSeconds ({spec.max_runtime_seconds} s) exceeded; stopping"
-            expired = StopRequested("max_runtime", message)
-            current = db.update(name, functools.partial(_expire, event=expired))
+        try:
+            current = db.get(name)
+            if terminate_signal.is_set() and current.status == Status.IN_PROGRESS.value:
+                # SIGTERM straight to the supervisor (not via the service) is a stop too.
+                user_stop = StopRequested("user", "Stopping the training job")
+                current = db.update(name, functools.partial(_expire, event=user_stop))
+            if current.status != Status.STOPPING.value and time.time() >= deadline:
+                current = db.update(name, functools.partial(_expire, event=_overrun(spec)))
+            unreadable = False
+        except DatabaseError as exc:
+            # A full disk, say: the deadline and a SIGTERM hold all the same; the record
+            # catches up when the job ends.
+            if not unreadable:
+                log.warning("job %s: its record cannot be read or written: %s", name, exc)
+            unreadable = True
+            overdue = time.time() >= deadline
+            if overdue or terminate_signal.is_set():
+                log.info("stopping job %s (grace %.0f s)", name, grace)
+                for agent in agents.values():
+                    agent.terminate(grace)
+                terminating = True
+            continue
         if current.status == Status.STOPPING.value:
             log.info("stopping job %s (grace %.0f s)", name, grace)
             for agent in agents.values():
@@ -251,17 +275,40 @@ def _run_hosts(
         else Finished(0, None)
     )
     model_uri = agents[hosts[0]].model_uri
-    if multi:
-        model_uri, finished = _upload_merged(db, name, spec, store, agents, finished)
-    metrics = _final_metrics(db, name)
+    try:
+        if multi:
+            model_uri, finished = _upload_merged(db, name, spec, store, agents, finished)
+        metrics = _final_metrics(db, name)
 
-    def finish(r: JobRecord) -> JobRecord:
-        done = advance(r, finished, time.time())
-        return dataclasses.replace(done, model_artifacts=model_uri, final_metrics=metrics)
+        def finish(r: JobRecord) -> JobRecord:
+            if overdue:
+                r = advance(r, _overrun(spec), time.time())
+            done = advance(r, finished, time.time())
+            return dataclasses.replace(done, model_artifacts=model_uri, final_metrics=metrics)
 
-    final = db.update(name, finish)
+        final = db.update(name, finish)
+    except DatabaseError as exc:
+        # Nothing more to free here (the hosts gave back their room); reconcile ends the
+        # job once its record can be written again.
+        log.error("job %s: its end (%s) could not be recorded: %s", name, finished, exc)
+        return 1
     log.info("job %s ended %s/%s", name, final.status, final.secondary_status)
     return 0
+
+
+def _overrun(spec: JobSpec) -> StopRequested:
+    message = f"MaxRuntimeInSeconds ({spec.max_runtime_seconds} s) exceeded; stopping"
+    return StopRequested("max_runtime", message)
+
+
+@contextlib.contextmanager
+def _unless_unwritable(name: str, what: str) -> Iterator[None]:
+    """Go on without recording ``what`` when the job database cannot be written (a full
+    disk): the job's outcome, recorded at its end, is what must not be lost."""
+    try:
+        yield
+    except DatabaseError as exc:
+        log.warning("job %s: %s not recorded: %s", name, what, exc)
 
 
 def _upload_merged(

@@ -9,6 +9,7 @@ staged input must not change the stored object.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -41,6 +42,16 @@ def copy_file(src: Path, dest: Path) -> int:
                 fout.write(block)
                 copied += len(block)
         return copied
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _write_failed(exc: OSError, path: Path, what: str) -> StoreError:
+    """A failed write of ``what`` to ``path`` as a StoreError that says where and why."""
+    if exc.errno in _NO_SPACE:
+        return StoreError(f"no space left on the device writing {path} (copying {what})")
+    return StoreError(f"cannot write {path} (copying {what}): {exc.strerror or exc}")
 
 
 class LocalStore(ObjectStore):
@@ -85,13 +96,17 @@ class LocalStore(ObjectStore):
 
     def download(self, bucket: str, key: str, dest: Path) -> int:
         src = self._path(bucket, key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
             return copy_file(src, dest)
         except FileNotFoundError as exc:
             raise StoreError(
                 f"s3://{bucket}/{key} does not exist in the {self.description}"
             ) from exc
+        except OSError as exc:
+            if exc.errno in _NO_SPACE:
+                raise _write_failed(exc, dest, f"s3://{bucket}/{key}") from exc
+            raise
 
     def _atomic_target(self, bucket: str, key: str) -> tuple[Path, int, str]:
         target = self._path(bucket, key)
@@ -100,13 +115,18 @@ class LocalStore(ObjectStore):
         return target, fd, tmp
 
     def upload(self, src: Path, bucket: str, key: str) -> None:
-        target, fd, tmp = self._atomic_target(bucket, key)
+        try:
+            target, fd, tmp = self._atomic_target(bucket, key)
+        except OSError as exc:
+            raise _write_failed(exc, self._path(bucket, key), str(src)) from exc
         os.close(fd)
         try:
             copy_file(src, Path(tmp))
             os.replace(tmp, target)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+                raise _write_failed(exc, target, str(src)) from exc
             raise
 
     def get_bytes(self, bucket: str, key: str) -> bytes:
@@ -118,13 +138,18 @@ class LocalStore(ObjectStore):
             ) from exc
 
     def put_bytes(self, bucket: str, key: str, data: bytes) -> None:
-        target, fd, tmp = self._atomic_target(bucket, key)
+        try:
+            target, fd, tmp = self._atomic_target(bucket, key)
+        except OSError as exc:
+            raise _write_failed(exc, self._path(bucket, key), f"{len(data)} bytes") from exc
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, target)
-        except BaseException:
+        except BaseException as exc:
             Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+                raise _write_failed(exc, target, f"{len(data)} bytes") from exc
             raise
 
     def open_stream(self, bucket: str, key: str) -> BinaryIO:
