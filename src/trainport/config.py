@@ -41,6 +41,9 @@ class Settings:
     endpoint: str | None = None  # TRAINPORT_ENDPOINT: CLI commands go to this server
     server_keys: tuple[tuple[str, str], ...] = ()  # TRAINPORT_SERVER_KEYS: "AKID:SECRET,..."
     max_concurrent_jobs: int = 2  # TRAINPORT_MAX_CONCURRENT_JOBS
+    # TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1: the server accepts jobs under the process
+    # runner, which isolates nothing (any client with a key could then read the keys).
+    server_allow_process_runner: bool = False
 
     @property
     def store_root(self) -> Path:
@@ -121,7 +124,15 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         if env.get("TRAINPORT_SERVER_KEYS")
         else (),
         max_concurrent_jobs=_positive(env, "TRAINPORT_MAX_CONCURRENT_JOBS", 2),
+        server_allow_process_runner=_flag(env, "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER"),
     )
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    raw = (env.get(name) or "0").strip().lower()
+    if raw not in ("0", "1", "true", "false", "yes", "no"):
+        raise ValidationError(f"{name}={raw!r}: use 1 or 0")
+    return raw in ("1", "true", "yes")
 
 
 def _positive(env: dict[str, str], name: str, default: int) -> int:

@@ -12,6 +12,7 @@ key starts with ``trainport:`` (see :data:`EXTENSION_TAGS`).
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,15 @@ from typing import Any
 from trainport.errors import ValidationError
 from trainport.store.api import S3Uri
 
-__all__ = ["EXTENSION_TAGS", "ChannelSpec", "InstanceGroup", "JobSpec", "parse_request"]
+__all__ = [
+    "EXTENSION_TAGS",
+    "ChannelSpec",
+    "InstanceGroup",
+    "JobSpec",
+    "confined_local_path",
+    "confined_uri",
+    "parse_request",
+]
 
 DEFAULT_MAX_RUNTIME = 86400
 DEFAULT_CHECKPOINT_PATH = "/opt/ml/checkpoints"
@@ -164,16 +173,60 @@ def _validate_shape(request: dict[str, Any]) -> None:
         raise ValidationError("invalid CreateTrainingJob request:\n  " + "\n  ".join(problems))
 
 
+def _refuse_nul(value: Any, where: str) -> None:
+    """No string of a request may hold a NUL byte: it cannot travel in an environment
+    variable, an argument or a path, and would only fail inside the running job."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValidationError(f"{where}: {value!r} holds a NUL byte; remove it")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(key, f"{where} (a key)")
+            _refuse_nul(item, f"{where}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _refuse_nul(item, f"{where}[{i}]")
+
+
+def confined_uri(uri: str, where: str) -> S3Uri:
+    """``uri`` parsed, refusing '.' and '..' segments in its key: in the embedded store a
+    key is a path, and such a key would reach outside its bucket."""
+    parsed = S3Uri.parse(uri, field=where)
+    if any(part in (".", "..") for part in parsed.key.split("/")):
+        raise ValidationError(
+            f"{where}: {uri!r} has '.' or '..' segments in its key; write the prefix without them"
+        )
+    return parsed
+
+
+def confined_local_path(path: str, where: str = "CheckpointConfig.LocalPath") -> str:
+    """``path`` normalised, and refused unless it lies inside /opt/ml (not /opt/ml itself)."""
+    normal = posixpath.normpath(path) if path.startswith("/") else ""
+    if not normal.startswith("/opt/ml/"):
+        raise ValidationError(
+            f"{where} {path!r} must lie under /opt/ml/ (after resolving '.' and '..') so "
+            "each job keeps its checkpoints in its own tree"
+        )
+    return normal
+
+
 def _channel(raw: dict[str, Any], job_mode: str, index: int) -> ChannelSpec:
     name = raw["ChannelName"]
     where = f"InputDataConfig[{index}] ({name})"
+    if not isinstance(name, str) or not name.strip(".") or "/" in name:
+        # '.' and '..' fit the service model's pattern, but name a folder that is not the
+        # channel's own (.. is /opt/ml/input itself).
+        raise ValidationError(
+            f"InputDataConfig[{index}].ChannelName {name!r} is not a folder name; use "
+            "letters, digits, '.', '-' and '_', not only dots"
+        )
     source = raw["DataSource"].get("S3DataSource")
     if source is None:
         raise ValidationError(
             f"{where}: only DataSource.S3DataSource is supported (FileSystemDataSource and "
             "DatasetSource need AWS services); put the data in the object store"
         )
-    S3Uri.parse(source["S3Uri"], field=f"{where}.DataSource.S3DataSource.S3Uri")
+    confined_uri(source["S3Uri"], f"{where}.DataSource.S3DataSource.S3Uri")
     mode = raw.get("InputMode") or job_mode
     data_type = source["S3DataType"]
     compression = raw.get("CompressionType", "None")
@@ -268,6 +321,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             f"TrainingJobName {name!r} is invalid: use 1-63 letters, digits and hyphens, "
             "starting and ending with a letter or digit"
         )
+    _refuse_nul(request, "CreateTrainingJob")
     if validate:
         _validate_shape(request)
     algo = request.get("AlgorithmSpecification") or {}
@@ -287,7 +341,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         seen.add(ch.name)
     _check_fifo_names(channels, "trainport:pipe-workers" in tags_of(request))
     output = request["OutputDataConfig"]["S3OutputPath"]
-    S3Uri.parse(output, field="OutputDataConfig.S3OutputPath")
+    confined_uri(output, "OutputDataConfig.S3OutputPath")
     resources = request.get("ResourceConfig") or {}
     groups = tuple(
         InstanceGroup(g["InstanceGroupName"], g["InstanceType"], int(g["InstanceCount"]))
@@ -306,13 +360,8 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         )
     checkpoint = request.get("CheckpointConfig") or {}
     if checkpoint:
-        S3Uri.parse(checkpoint["S3Uri"], field="CheckpointConfig.S3Uri")
-    local_path = checkpoint.get("LocalPath", DEFAULT_CHECKPOINT_PATH)
-    if not local_path.startswith("/opt/ml/"):
-        raise ValidationError(
-            f"CheckpointConfig.LocalPath {local_path!r} must lie under /opt/ml/ so each job "
-            "keeps its checkpoints in its own tree"
-        )
+        confined_uri(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
+    local_path = confined_local_path(checkpoint.get("LocalPath", DEFAULT_CHECKPOINT_PATH))
     tags = {t["Key"]: t["Value"] for t in request.get("Tags") or []}
     for key, value in tags.items():
         if key.startswith("trainport:") and key not in EXTENSION_TAGS:

@@ -49,6 +49,9 @@ def server_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TRAINPORT_SERVER_KEYS", f"{KEY_ID}:{SECRET}")
     monkeypatch.setenv("TRAINPORT_STOP_GRACE_SECONDS", "5")
+    # Where this machine has no sandbox the server would refuse every job ("auto" falls
+    # back to the process runner); these tests are about the API, not confinement.
+    monkeypatch.setenv("TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER", "1")
     put(home, "data", "train/part-0.txt", "one\ntwo\n")
     return home
 

@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainport.host import jobtree
 from trainport.store.api import ObjectStore, S3Uri
 
 __all__ = [
@@ -34,10 +35,12 @@ def pack_dir(source: Path, target: Path) -> None:
     Level 1 compression: model files are mostly incompressible floats, and the upload
     waits on this.
     """
-    with tarfile.open(target, "w:gz", compresslevel=1) as tar:
-        if source.is_dir():
-            for entry in sorted(os.listdir(source)):
-                tar.add(source / entry, arcname=entry)
+    with tarfile.open(target, "w:gz", compresslevel=1) as tar, jobtree.open_folder(source) as top:
+        # Reached without links (a job may have put one where its folder was); tarfile
+        # keeps the links inside as links and never descends through them.
+        if top is not None:
+            for entry in sorted(os.listdir(top)):
+                tar.add(top / entry, arcname=entry)
 
 
 def scratch_dir(job_dir: Path) -> Path:
@@ -85,17 +88,18 @@ def pack_merged(sources: Sequence[tuple[str, Path]], target: Path) -> list[str]:
     """
     owners: dict[str, list[str]] = {}
     with tarfile.open(target, "w:gz", compresslevel=1) as tar:
-        for host, folder in sources:
-            if not folder.is_dir():
-                continue
-            for dirpath, dirnames, filenames in os.walk(folder):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    path = Path(dirpath) / name
-                    rel = str(path.relative_to(folder))
-                    owners.setdefault(rel, []).append(host)
-                    if len(owners[rel]) == 1:
-                        tar.add(path, arcname=rel, recursive=False)
+        for host, source in sources:
+            with jobtree.open_folder(source) as folder:
+                if folder is None:
+                    continue  # missing, or a link the job put in its place
+                for dirpath, dirnames, filenames in os.walk(folder):
+                    dirnames.sort()
+                    for name in sorted(filenames):
+                        path = Path(dirpath) / name
+                        rel = str(path.relative_to(folder))
+                        owners.setdefault(rel, []).append(host)
+                        if len(owners[rel]) == 1:
+                            tar.add(path, arcname=rel, recursive=False)
     return [
         f"{rel} ({', '.join(hosts)})" for rel, hosts in sorted(owners.items()) if len(hosts) > 1
     ]

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
 
+from trainport.host import jobtree
 from trainport.host.channels import relative_path
 from trainport.store.api import ObjectStore, S3Uri
 from trainport.store.transfer import Transfer, download_all, upload_all
@@ -17,6 +19,9 @@ from trainport.store.transfer import Transfer, download_all, upload_all
 __all__ = ["CheckpointSync"]
 
 log = logging.getLogger(__name__)
+
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_BATCH = 256
 
 
 class CheckpointSync:
@@ -46,21 +51,50 @@ class CheckpointSync:
         return len(items)
 
     def sync(self) -> int:
-        """Upload what changed since the last sync; returns how many files went up."""
-        if not self.local.is_dir():
-            return 0
-        changed: list[Transfer] = []
-        for dirpath, _, filenames in os.walk(self.local):
-            for name in filenames:
-                path = Path(dirpath) / name
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue  # the job removed it while we walked
-                rel = str(path.relative_to(self.local))
-                if self._synced.get(rel) != (st.st_size, st.st_mtime_ns):
-                    changed.append(Transfer(self.uri.bucket, self.prefix + rel, path, st.st_size))
-                    self._synced[rel] = (st.st_size, st.st_mtime_ns)
-        if changed:
-            upload_all(self.store, changed, workers=self.workers, label="checkpoints out")
-        return len(changed)
+        """Upload what changed since the last sync; returns how many files went up.
+
+        The folder belongs to a running job: it is walked and each file opened without
+        following links (a link to a host file would upload that file), and each upload
+        reads the file it checked, through its descriptor."""
+        try:
+            top = jobtree.open_nofollow(self.local, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return 0  # not made yet, or a link the job put in its place
+        count = 0
+        batch: list[Transfer] = []
+        held: list[int] = []
+        try:
+            for dirpath, _, filenames, dir_fd in os.fwalk(".", dir_fd=top):
+                for name in filenames:
+                    try:
+                        fd = os.open(name, _FILE, dir_fd=dir_fd)
+                    except OSError:
+                        continue  # a link, or removed while we walked
+                    st = os.fstat(fd)
+                    rel = os.path.normpath(os.path.join(dirpath, name))
+                    seen = (st.st_size, st.st_mtime_ns)
+                    if not stat.S_ISREG(st.st_mode) or self._synced.get(rel) == seen:
+                        os.close(fd)
+                        continue
+                    held.append(fd)
+                    path = jobtree.fd_path(fd)
+                    batch.append(Transfer(self.uri.bucket, self.prefix + rel, path, st.st_size))
+                    self._synced[rel] = seen
+                    if len(held) >= _BATCH:  # stay well inside the descriptor limit
+                        count += self._upload(batch, held)
+            count += self._upload(batch, held)
+        finally:
+            for fd in held:
+                os.close(fd)
+            os.close(top)
+        return count
+
+    def _upload(self, batch: list[Transfer], held: list[int]) -> int:
+        count = len(batch)
+        if batch:
+            upload_all(self.store, batch, workers=self.workers, label="checkpoints out")
+        for fd in held:
+            os.close(fd)
+        held.clear()
+        batch.clear()
+        return count

@@ -50,6 +50,7 @@ from functools import partial
 from pathlib import Path
 
 from trainport.errors import JobError, TrainportError
+from trainport.host import jobtree
 from trainport.host.channels import (
     ChannelObject,
     ManifestLine,
@@ -266,11 +267,14 @@ class _FifoSeries:
         return self.server.data_dir / fifo_name(self.server.channel.name, epoch, self.worker)
 
     def make_fifo(self, epoch: int) -> Path:
-        path = self.path(epoch)
+        # Every FIFO operation goes through the data folder's descriptor, opened before
+        # the job started: the job cannot swap a link in for the folder or a FIFO and have
+        # the platform write into, or remove, a host file.
+        path, folder = self.path(epoch), self.server.folder_fd
         with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISFIFO(path.lstat().st_mode):
-                path.unlink()  # a leftover of an earlier run of this host's tree
-        os.mkfifo(path, 0o644)
+            if stat.S_ISFIFO(os.stat(path.name, dir_fd=folder, follow_symlinks=False).st_mode):
+                os.unlink(path.name, dir_fd=folder)  # a leftover of an earlier run
+        os.mkfifo(path.name, 0o644, dir_fd=folder)
         self._current = path
         return path
 
@@ -279,8 +283,9 @@ class _FifoSeries:
         path = self._current
         if path is None:
             return
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = os.open(path.name, flags, dir_fd=self.server.folder_fd)
         except OSError:
             return
         os.close(fd)
@@ -299,7 +304,7 @@ class _FifoSeries:
                     self._serve_epoch(path, pool)
                 finally:
                     with contextlib.suppress(FileNotFoundError):
-                        path.unlink()
+                        os.unlink(path.name, dir_fd=server.folder_fd)
                     self._current = None
                 self.epoch += 1
         except TrainportError as exc:
@@ -323,7 +328,11 @@ class _FifoSeries:
         )
         ahead = _ReadAhead(_pieces(server.store, items, opts.part_size), pool, opts)
         ahead.fill()  # fetch while we wait for the reader
-        fd = os.open(path, os.O_WRONLY)  # blocks until the training code opens the FIFO
+        # Blocks until the training code opens the FIFO.
+        fd = os.open(path.name, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=server.folder_fd)
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise JobError(f"{path.name} is no longer a FIFO: the job replaced it")
         began, sent = time.monotonic(), 0
         try:
             if server.stopping.is_set():
@@ -417,9 +426,11 @@ class PipeChannelServer:
         self.error: str | None = None
         ids: list[int | None] = list(range(workers)) if workers else [None]
         self.series = [_FifoSeries(self, w) for w in ids]
+        self.folder_fd = -1
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.folder_fd = jobtree.open_nofollow(self.data_dir, os.O_RDONLY | os.O_DIRECTORY)
         for series in self.series:
             series.make_fifo(0)
         for series in self.series:
@@ -453,11 +464,16 @@ class PipeChannelServer:
                     self.channel.name,
                     series.path(series.epoch),
                 )
+        folder = self.folder_fd
         for series in self.series:
             for epoch in (series.epoch, series.epoch + 1):
+                name = series.path(epoch).name
                 with contextlib.suppress(OSError):
-                    if stat.S_ISFIFO(series.path(epoch).lstat().st_mode):
-                        series.path(epoch).unlink()
+                    if stat.S_ISFIFO(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                        os.unlink(name, dir_fd=folder)
+        if folder >= 0 and not any(series.thread.is_alive() for series in self.series):
+            os.close(folder)  # a writer still blocked keeps using it
+            self.folder_fd = -1
 
 
 def resolve_items(store: ObjectStore, channel: ChannelSpec) -> list[Item]:

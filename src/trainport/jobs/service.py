@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,6 +49,8 @@ __all__ = ["JobService", "LogLine", "is_orphan"]
 log = logging.getLogger(__name__)
 
 LogLine = tuple[float, str]
+# A host of a job, as --host names it (jobs logs): algo-1, algo-2, ...
+_HOST = re.compile(r"algo-[1-9][0-9]{0,2}")
 # Seconds a job whose launcher has died may take to record its supervisor: a supervisor
 # spawned just before its launcher died still records itself once it is up.
 _LAUNCH_WINDOW = 60.0
@@ -88,8 +91,11 @@ class JobService:
         *,
         reconcile_on_read: bool = True,
         launch: str = "spawn",
+        allow_process_runner: bool = True,
     ) -> None:
         self.settings = settings or load_settings()
+        # The process runner isolates nothing: a server takes it only if its operator says.
+        self.allow_process_runner = allow_process_runner
         # "spawn" starts each supervisor as a new interpreter (safe from any caller);
         # "fork" copies this one, which has everything imported already: a single-threaded
         # caller such as the CLI saves a whole Python start-up per job.
@@ -163,6 +169,13 @@ class JobService:
             )
         spec = self.check(request)
         chosen = select_runner(runner or spec.runner or self.settings.runner)
+        if chosen.name == "process" and not self.allow_process_runner:
+            raise ValidationError(
+                f"Training job {spec.name!r} would run under the process runner, which "
+                "isolates nothing (the job could read the store, the job database and the "
+                "server's keys); this server refuses it. Its operator may allow it with "
+                "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1, or make the sandbox work here"
+            )
         now = time.time()
         record = JobRecord(
             name=spec.name,
@@ -341,6 +354,9 @@ class JobService:
     # -- logs -----------------------------------------------------------------------------
 
     def log_path(self, name: str, host: str = "algo-1") -> Path:
+        # The host comes from a caller (--host): a name, never a path.
+        if not _HOST.fullmatch(host):
+            raise ValidationError(f"host {host!r} is not a host name such as algo-1 or algo-12")
         return self.settings.jobs_dir / name / "logs" / f"{host}.log"
 
     def logs(

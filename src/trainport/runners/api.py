@@ -14,9 +14,15 @@ from typing import IO
 
 from trainport.errors import SandboxError, ValidationError
 
-__all__ = ["HostProcess", "Placement", "Runner", "select_runner"]
+__all__ = ["PROCESS_RUNNER_WARNING", "HostProcess", "Placement", "Runner", "select_runner"]
 
 log = logging.getLogger(__name__)
+
+PROCESS_RUNNER_WARNING = (
+    "the process runner isolates nothing: a job runs as this user and can read and change "
+    "whatever this user can, TRAINPORT_HOME (the store, the job database, the server's keys) "
+    "and every other job included; use it only for code you trust"
+)
 
 
 @dataclass(frozen=True)
@@ -28,8 +34,12 @@ class Placement:
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
-    hide: tuple[Path, ...] = field(default_factory=tuple)  # trainport folders a job must not see
+    # Folders no job may see (TRAINPORT_HOME), and folders under them whose entries a job
+    # may use read-only (the requirements-environment cache).
+    private: tuple[Path, ...] = field(default_factory=tuple)
+    shared: tuple[Path, ...] = field(default_factory=tuple)
     netns: str | None = None  # the host's network namespace, in namespace-network mode
+    hosts: tuple[str, ...] = ()  # every host of the job, each a name that must resolve
 
 
 class HostProcess:
@@ -82,7 +92,12 @@ class Runner(ABC):
     def start(self, placement: Placement) -> HostProcess: ...
 
     def _popen(
-        self, argv: list[str], placement: Placement, cwd: str | None = None, **kw: object
+        self,
+        argv: list[str],
+        placement: Placement,
+        cwd: str | None = None,
+        stdin: int = subprocess.DEVNULL,
+        **kw: object,
     ) -> subprocess.Popen[bytes]:
         if placement.netns:
             # ip netns exec execs the command in place: the pid (and process group) stays
@@ -93,7 +108,7 @@ class Runner(ABC):
                 argv,
                 env=placement.env,
                 cwd=cwd or placement.cwd,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -120,6 +135,7 @@ def select_runner(name: str, *, verified: bool = False) -> Runner:
     from trainport.runners.sandbox import SandboxRunner, sandbox_problem
 
     if name == "process":
+        log.warning("%s", PROCESS_RUNNER_WARNING)
         return ProcessRunner()
     if name == "sandbox" and verified:
         return SandboxRunner()
@@ -132,7 +148,7 @@ def select_runner(name: str, *, verified: bool = False) -> Runner:
             )
         return SandboxRunner()
     if problem:
-        log.warning("sandbox unavailable (%s); running jobs as plain processes", problem)
+        log.warning("sandbox unavailable (%s); %s", problem, PROCESS_RUNNER_WARNING)
         return ProcessRunner()
     return SandboxRunner()
 

@@ -1,17 +1,19 @@
-"""The sandbox runner: the job's tree appears at the real ``/opt/ml`` in a mount namespace.
+"""The sandbox runner: carries out a :class:`~trainport.runners.plan.SandboxPlan`.
 
-Two ways to make the namespace:
+What the job sees is decided in :mod:`trainport.runners.plan`; this module only turns the
+plan into a command line. Two ways:
 
-- as root, ``unshare --mount`` and bind mounts, then ``exec`` of the training command, so the
-  process trainport started *is* the training process (true exit code, signals go straight
-  to its group);
-- otherwise bubblewrap (``bwrap``), with ``--new-session`` so the training command leads its
-  own process group and bwrap stays alive to report its exit code; we read the child's pid
-  from ``--json-status-fd`` and signal that group, never bwrap itself (bwrap would die and
-  leave the job running unwatched).
+- bubblewrap (``bwrap``), root or not: the plan's mounts map one to one onto its options.
+  With ``--new-session`` the training command leads its own process group beneath bwrap's
+  PID-1 helper; we read that helper's pid from ``--json-status-fd`` and signal its group,
+  never bwrap itself (bwrap would die and leave the job running unwatched);
+- as root without bubblewrap, ``unshare`` (user, mount, PID and IPC namespaces) runs a
+  small shell script that builds the root from the plan, pivots into it, and starts the
+  command under ``setpriv`` with no capabilities and no_new_privs. The script stays as
+  the namespace's PID 1 (which ignores signals it does not handle, so a stop reaches the
+  command, in the same process group, not it) and exits with the command's status;
+  ``unshare`` survives SIGTERM while its child runs and passes that status on.
 
-In both, the job also gets its own ``/etc/hosts`` (so ``algo-1`` resolves) and empty
-folders over trainport's job and store folders, so two jobs never see each other's files.
 ``TRAINPORT_SANDBOX=unshare|bwrap`` forces one way.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -26,21 +29,65 @@ from pathlib import Path
 
 from trainport.errors import SandboxError
 from trainport.runners.api import HostProcess, Placement, Runner
+from trainport.runners.plan import OPT_ML, HostView, MountKind, SandboxPlan, plan_sandbox
 
-__all__ = ["SandboxRunner", "sandbox_problem"]
+__all__ = ["SandboxRunner", "bwrap_options", "sandbox_problem", "unshare_argv", "unshare_plan"]
 
-OPT_ML = "/opt/ml"
+log = logging.getLogger(__name__)
 
+# Arguments: the working folder, the command. The plan comes on standard input: the new
+# root's mount point, then (kind, target, source), a line each; not as arguments, because
+# this shell stays as PID 1 and every process in the sandbox can read PID 1's command line.
+# Every mount but the job's own tree is read-only, and so is everything mounted beneath it
+# (a host's /etc may hold bind mounts).
 _UNSHARE_SCRIPT = r"""
-set -e
-root="$1"; hosts="$2"; cwd="$3"; shift 3
-mkdir -p /opt/ml
-mount --rbind "$root" /opt/ml
-mount --bind "$hosts" /etc/hosts
-while [ "$1" != "--" ]; do mount -t tmpfs -o size=1m,mode=0755 trainport-hidden "$1"; shift; done
-shift
+set -eu
+cwd="$1"; shift
+IFS= read -r new
+mount -t tmpfs -o mode=0755,nosuid,nodev trainport-root "$new"
+readonly_all() {
+  awk -v t="$1" '$5 == t || index($5, t "/") == 1 { print $5 }' /proc/self/mountinfo |
+  while read -r m; do
+    # Some flags of a mount made outside are locked: keep them (noexec on /sys parts).
+    mount -o remount,bind,ro,nosuid,nodev "$m" 2>/dev/null ||
+      mount -o remount,bind,ro,nosuid,nodev,noexec "$m" || exit 1
+  done
+}
+place() {
+  if [ -d "$2" ]; then mkdir -p "$1"; else mkdir -p "$(dirname "$1")"; [ -e "$1" ] || : > "$1"; fi
+}
+while IFS= read -r kind && IFS= read -r target && IFS= read -r source; do
+  target="$new$target"
+  case "$kind" in
+    ro-bind) place "$target" "$source"; mount --rbind "$source" "$target"; readonly_all "$target" ;;
+    bind|dev-bind) place "$target" "$source"; mount --rbind "$source" "$target" ;;
+    symlink) mkdir -p "$(dirname "$target")"; ln -s "$source" "$target" ;;
+    tmpfs) mkdir -p "$target"; mount -t tmpfs -o "mode=$source,nosuid,nodev" trainport "$target" ;;
+    proc) mkdir -p "$target"; mount -t proc -o nosuid,nodev,noexec proc "$target" ;;
+    mask)
+      if [ "$source" = dir ]; then mount -t tmpfs -o ro,mode=0755 trainport-mask "$target"
+      else mount --bind /dev/null "$target"; fi ;;
+    *) echo "trainport sandbox: unknown mount kind $kind" >&2; exit 1 ;;
+  esac
+done
+exec </dev/null
+mkdir "$new/.old"
+cd "$new"
+pivot_root . .old
+umount -l /.old
+rmdir /.old
+mount -o remount,bind,ro,nosuid,nodev /
 cd "$cwd"
-exec "$@"
+unset OLDPWD  # the host path of the new root
+setpriv --no-new-privs --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- "$@" &
+child=$!
+# A handler, so a signal interrupts wait instead of being ignored by PID 1 and lost.
+trap : HUP INT TERM USR1 USR2
+while :; do
+  set +e; wait "$child"; rc=$?; set -e
+  kill -0 "$child" 2>/dev/null || break
+done
+exit "$rc"
 """
 
 
@@ -53,15 +100,17 @@ def _way() -> str:
 
 @functools.cache
 def _probe(way: str) -> str | None:
-    """None if ``way`` can make a namespace here, else why not."""
+    """None if ``way`` can make the sandbox's namespaces here, else why not."""
     if way == "bwrap":
         if not shutil.which("bwrap"):
             return "bubblewrap (bwrap) is not installed"
-        argv = ["bwrap", "--dev-bind", "/", "/", "true"]
+        argv = ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"]
     else:
         if os.geteuid() != 0:
-            return "mount namespaces without bubblewrap need root"
-        argv = ["unshare", "--mount", "--propagation", "private", "true"]
+            return "namespaces without bubblewrap need root"
+        if not shutil.which("setpriv"):
+            return "setpriv (util-linux) is not installed"
+        argv = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "true"]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -77,6 +126,63 @@ def sandbox_problem() -> str | None:
     return _probe(_way())
 
 
+def bwrap_options(plan: SandboxPlan, status_fd: int) -> list[str]:
+    """bubblewrap's options for ``plan`` (given through ``--args``: bwrap's PID-1 helper
+    keeps its command line, which every process in the sandbox can read)."""
+    argv = ["--unshare-user", "--uid", str(plan.uid), "--gid", str(plan.uid)]
+    argv += ["--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL"]
+    for cap in plan.capabilities:
+        argv += ["--cap-add", cap]
+    for m in plan.mounts:
+        if m.kind is MountKind.RO_BIND:
+            argv += ["--ro-bind", m.source, m.target]
+        elif m.kind is MountKind.BIND:
+            argv += ["--bind", m.source, m.target]
+        elif m.kind is MountKind.DEV_BIND:
+            argv += ["--dev-bind", m.source, m.target]
+        elif m.kind is MountKind.SYMLINK:
+            argv += ["--symlink", m.source, m.target]
+        elif m.kind is MountKind.TMPFS:
+            argv += ["--perms", m.source, "--tmpfs", m.target]
+        elif m.kind is MountKind.PROC:
+            argv += ["--proc", m.target]
+        elif m.source == "dir":  # MASK
+            argv += ["--tmpfs", m.target, "--remount-ro", m.target]
+        else:
+            argv += ["--ro-bind", "/dev/null", m.target]
+    argv += ["--remount-ro", "/", "--chdir", plan.cwd, "--new-session"]
+    argv += ["--json-status-fd", str(status_fd)]
+    return argv
+
+
+def unshare_plan(plan: SandboxPlan, new_root: Path) -> list[str]:
+    """The lines the ``unshare`` way's script reads: the new root, then each mount."""
+    lines = [str(new_root)]
+    for m in plan.mounts:
+        lines += [m.kind.value, m.target, m.source]
+    if any("\n" in line for line in lines):
+        raise SandboxError(
+            f"a sandbox path holds a line break: {[x for x in lines if chr(10) in x]}"
+        )
+    return lines
+
+
+def unshare_argv(plan: SandboxPlan) -> list[str]:
+    """The ``unshare`` command line for ``plan``; its mounts come on standard input."""
+    argv = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
+    argv += ["--pid", "--fork", "--kill-child", "--ipc", "--"]
+    argv += ["sh", "-c", _UNSHARE_SCRIPT, "trainport-sandbox", plan.cwd]
+    return [*argv, *plan.argv]
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """A descriptor to read ``data`` from, for a child to inherit."""
+    fd = os.memfd_create(name, 0)  # not close-on-exec: the child reads it
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 class SandboxRunner(Runner):
     name = "sandbox"
 
@@ -86,53 +192,41 @@ class SandboxRunner(Runner):
     def base_dir(self, placement_root: Path) -> str:
         return OPT_ML
 
-    def start(self, placement: Placement) -> HostProcess:
-        if self.way == "unshare":
-            return self._start_unshare(placement)
-        return self._start_bwrap(placement)
+    def plan(self, placement: Placement) -> SandboxPlan:
+        plan = plan_sandbox(placement, HostView.probe(placement))
+        for why in plan.refused:
+            log.warning("not shown in the sandbox: %s", why)
+        return plan
 
-    def _start_unshare(self, placement: Placement) -> HostProcess:
-        hidden = [str(p) for p in placement.hide if p.is_dir()]
-        argv = [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            _UNSHARE_SCRIPT,
-            "trainport-sandbox",
-            str(placement.root),
-            str(placement.hosts_file),
-            placement.cwd,
-            *hidden,
-            "--",
-            *placement.argv,
-        ]
-        popen = self._popen(argv, placement, cwd="/")
+    def start(self, placement: Placement) -> HostProcess:
+        plan = self.plan(placement)
+        if self.way == "unshare":
+            return self._start_unshare(plan, placement)
+        return self._start_bwrap(plan, placement)
+
+    def _start_unshare(self, plan: SandboxPlan, placement: Placement) -> HostProcess:
+        # The new root is mounted over a folder beside the host's tree, in the sandbox's
+        # own mount namespace: nothing appears there outside.
+        new_root = placement.root.parent / f".{placement.root.name}.root"
+        new_root.mkdir(exist_ok=True)
+        text = "".join(line + "\n" for line in unshare_plan(plan, new_root))
+        plan_fd = _memfd("trainport-sandbox-plan", text.encode())
+        try:
+            popen = self._popen(unshare_argv(plan), placement, cwd="/", stdin=plan_fd)
+        finally:
+            os.close(plan_fd)
         return HostProcess(popen, popen.pid)
 
-    def _start_bwrap(self, placement: Placement) -> HostProcess:
-        argv = ["bwrap", "--dev-bind", "/", "/"]
-        if not Path(OPT_ML).exists() and os.geteuid() != 0:
-            # bwrap cannot create /opt/ml on the real disk without root: put a tmpfs on
-            # /opt and bind back what was there.
-            argv += ["--tmpfs", "/opt"]
-            for entry in sorted(Path("/opt").iterdir()) if Path("/opt").is_dir() else []:
-                argv += ["--bind", str(entry), str(entry)]
-        argv += ["--bind", str(placement.root), OPT_ML]
-        argv += ["--ro-bind", str(placement.hosts_file), "/etc/hosts"]
-        for hidden in placement.hide:
-            if hidden.is_dir():
-                argv += ["--tmpfs", str(hidden)]
+    def _start_bwrap(self, plan: SandboxPlan, placement: Placement) -> HostProcess:
         read_fd, write_fd = os.pipe()
-        argv += ["--chdir", placement.cwd, "--new-session", "--json-status-fd", str(write_fd)]
-        argv += ["--", *placement.argv]
+        options = "".join(o + "\0" for o in bwrap_options(plan, write_fd))
+        args_fd = _memfd("trainport-sandbox-args", options.encode())
+        argv = ["bwrap", "--args", str(args_fd), "--", *plan.argv]
         try:
-            popen = self._popen(argv, placement, cwd="/", pass_fds=(write_fd,))
+            popen = self._popen(argv, placement, cwd="/", pass_fds=(write_fd, args_fd))
         finally:
             os.close(write_fd)
+            os.close(args_fd)
         status = os.fdopen(read_fd, "r")
         first = status.readline()
         try:

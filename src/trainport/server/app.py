@@ -228,7 +228,11 @@ class TrainportServer(ThreadingHTTPServer):
 def build_server(config: ServerConfig, settings: Settings | None = None) -> TrainportServer:
     """A server bound to ``config.host:config.port`` (port 0 picks a free one)."""
     settings = settings or load_settings()
-    service = JobService(settings, reconcile_on_read=False)
+    service = JobService(
+        settings,
+        reconcile_on_read=False,
+        allow_process_runner=settings.server_allow_process_runner,
+    )
     service.db = ThreadConnectionDB(settings.db_path)
     limit = config.max_concurrent_jobs or settings.max_concurrent_jobs
     scheduler = Scheduler(service, limit, interval=config.scheduler_interval)
