@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -319,7 +320,7 @@ def test_mountinfo_lines_are_read_with_their_escapes() -> None:
 
 
 def _record(**fields: object) -> JobRecord:
-    base: dict[str, object] = {
+    base: dict[str, Any] = {
         "name": "j",
         "arn": "arn",
         "request": {},
@@ -330,7 +331,7 @@ def _record(**fields: object) -> JobRecord:
         ),
     }
     base.update(fields)
-    return JobRecord(**base)  # type: ignore[arg-type]
+    return JobRecord(**base)
 
 
 LIVE = (1, 1, "boot")
