@@ -346,6 +346,9 @@ DEAD = (2, 2, "boot")
         # Its launcher died just now: the supervisor it spawned still gets the window.
         ({"secondary_status": "Starting", "launcher": DEAD}, 1010.0, False),
         ({"secondary_status": "Starting", "launcher": DEAD}, 1000.0 + 3600, True),
+        # Launched, and the supervisor not seen (it ended at once): the window, then orphaned.
+        ({"secondary_status": "Starting"}, 1010.0, False),
+        ({"secondary_status": "Starting"}, 1000.0 + 3600, True),
         ({"secondary_status": "Pending"}, 1e9, False),
         ({"secondary_status": "Training", "supervisor": LIVE}, 1e9, False),
         ({"secondary_status": "Training", "supervisor": DEAD}, 1001.0, True),

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainport.config import Settings, load_settings
-from trainport.errors import DatabaseError, ResourceInUseError, ValidationError
+from trainport.errors import DatabaseError, JobError, ResourceInUseError, ValidationError
 from trainport.host import command as commands
 from trainport.host.artifacts import scratch_dir, upload_merged
 from trainport.host.channels import resolve_channel
@@ -224,29 +224,41 @@ class JobService:
         return True
 
     def _launch(self, name: str) -> None:
+        try:
+            pid, wait = self._start_supervisor(name)
+        except OSError as exc:
+            # Nothing will run it: end it now rather than leave it "being started".
+            reason = f"InternalError: trainport could not start the job's supervisor: {exc}"
+            self.db.update(name, lambda r: advance(r, Finished(None, reason), time.time()))
+            raise JobError(f"training job {name!r}: could not start its supervisor: {exc}") from exc
+        ident = liveness.identity(pid)
+        # Reap it when it ends, so a long-lived caller (the server) keeps no zombies.
+        threading.Thread(target=wait, name=f"reap-{name}", daemon=True).start()
+        # The launch is over: the job is its supervisor's now. One that ended before it
+        # could be seen (ident None) and never recorded itself gets the launch window.
+        self.db.update(
+            name,
+            lambda r: dataclasses.replace(r, supervisor=ident or r.supervisor, launcher=None),
+        )
+
+    def _start_supervisor(self, name: str) -> tuple[int, Callable[[], object]]:
         job_dir = self.settings.jobs_dir / name
         job_dir.mkdir(parents=True, exist_ok=True)
         log_path = job_dir / "supervisor.log"
         if self.launch == "fork":
             pid = _fork_supervisor(name, self.settings, log_path)
-            wait: Callable[[], object] = functools.partial(os.waitpid, pid, 0)
-        else:
-            env = {**os.environ, "TRAINPORT_HOME": str(self.settings.home)}
-            with open(log_path, "ab") as out:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "trainport.jobs.supervisor", name],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-            pid, wait = proc.pid, proc.wait
-        ident = liveness.identity(pid)
-        # Reap it when it ends, so a long-lived caller (the server) keeps no zombies.
-        threading.Thread(target=wait, name=f"reap-{name}", daemon=True).start()
-        if ident is not None:
-            self.db.update(name, lambda r: dataclasses.replace(r, supervisor=ident))
+            return pid, functools.partial(os.waitpid, pid, 0)
+        env = {**os.environ, "TRAINPORT_HOME": str(self.settings.home)}
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "trainport.jobs.supervisor", name],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        return proc.pid, proc.wait
 
     # -- read -----------------------------------------------------------------------------
 
