@@ -8,6 +8,7 @@ the training process group, waits the grace period, then sends SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -18,12 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from trainport.config import Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import diskspace, gpus, jobtree, pipe
+from trainport.host import diskspace, gpus, mpi, pipe
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -66,6 +67,8 @@ class HostPlan:
     # Multi-host jobs merge every host's model folder into one archive: the supervisor
     # uploads once all hosts are done, not each agent.
     upload_artifacts: bool = True
+    # MPI jobs: where algo-1's mpirun asks for a daemon on each other host (one per job).
+    mpi_board: mpi.LaunchBoard | None = None
 
     @property
     def host_index(self) -> int:
@@ -127,6 +130,10 @@ class HostAgent:
         # doing (and where) for the reason if it does.
         self._reserve = diskspace.Reserve(plan.job_dir / "hosts" / f"{plan.host}.reserve")
         self._activity = ("preparing the host", plan.job_dir)
+        # MPI: the daemon this host runs for algo-1's mpirun, and how rank output is routed.
+        self._launch: mpi.LaunchRequest | None = None
+        self._mpi_follower = False
+        self._demux: mpi.RankDemux | None = None
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -177,6 +184,7 @@ class HostAgent:
             self.emit(Phase("Training", "; ".join(["Training in progress", *self._notes])))
             self._activity = ("training", layout.root)
             result = self._train(cmd, layout, checkpoints)
+            result = self._end_mpi(result)
         except _Stopped:
             failure = self._stream_failure
             result = Finished(None, f"ClientError: {failure}" if failure else None)
@@ -186,6 +194,7 @@ class HostAgent:
         except Exception as exc:  # an agent bug must still end the job with a reason
             log.exception("host %s failed", plan.host)
             result = Finished(None, f"InternalError: {type(exc).__name__}: {exc}")
+        self._release_mpi()
         self._close_streams()
         result = self._room_to_end(result, layout)
         self.emit(Phase("Uploading", "Uploading generated training model"))
@@ -398,7 +407,102 @@ class HostAgent:
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
         if spec.torch_distributed:
             argv = self._torchrun(argv, python, len(share.devices))
+        settings = mpi.mpi_settings(spec)
+        if settings is not None:
+            return self._mpi_command(settings, argv, python, merged, base_dir, layout, share)
         return commands.Command(tuple(argv), f"{base_dir}/code", merged)
+
+    # -- MPI --------------------------------------------------------------------------------
+
+    def _mpi_command(
+        self,
+        settings: mpi.MpiSettings,
+        argv: list[str],
+        python: str,
+        env: dict[str, str],
+        base_dir: str,
+        layout: HostLayout,
+        share: gpus.GpuShare,
+    ) -> commands.Command:
+        """algo-1 runs mpirun over every host; the others run the daemon it asks for."""
+        plan = self.plan
+        board = plan.mpi_board
+        if board is None:  # the supervisor makes one for every MPI job
+            raise ValidationError("an MPI job needs the supervisor's launch board")
+        private = layout.root / mpi.PRIVATE
+        (private / "shm").mkdir(parents=True, exist_ok=True)
+        inside = f"{base_dir}/{mpi.PRIVATE}"
+        env = {**env, mpi.ENV_HOST: plan.host}
+        cwd = f"{base_dir}/code"
+        if plan.host != plan.hosts[0]:
+            env[mpi.VADER_DIR] = f"{inside}/shm"
+            self._mpi_follower = True
+            request = board.wait_for(plan.host, self._stop)
+            if request is None:
+                if self._stop.is_set():
+                    raise _Stopped
+                return commands.Command(("true",), cwd, env)  # the run ended without us
+            self._launch = request
+            threading.Thread(
+                target=self._watch_launch, args=(request, board), name="mpi-watch", daemon=True
+            ).start()
+            return commands.Command(("sh", "-c", request.command), cwd, env)
+        board.start(private)
+        env.update(board.environment(f"{inside}/launch.sock"))
+        env[mpi.ENV_SHM] = f"{inside}/shm"
+        per_host = settings.processes_per_host or len(share.devices) or 1
+        self._demux = mpi.RankDemux(mpi.rank_host(plan.hosts, per_host))
+        program = argv
+        if argv and argv[0] == python and mpi.has_mpi4py():
+            # As the toolkit does: an uncaught exception in a rank aborts the whole run.
+            program = [python, "-m", "mpi4py", *argv[1:]]
+        command = mpi.mpirun_command(
+            hosts=plan.hosts,
+            per_host=per_host,
+            interface=plan.network_interface,
+            agent=(python, "-m", "trainport.host.mpi_launch"),
+            program=program,
+            custom_options=settings.custom_options,
+        )
+        return commands.Command(tuple(command), cwd, env)
+
+    def _watch_launch(self, request: mpi.LaunchRequest, board: mpi.LaunchBoard) -> None:
+        """End this host's daemon if its launch agent went away or mpirun ended long ago."""
+        while self._launch is request:
+            if request.cancelled.wait(0.5) or board.ended_for(mpi.DAEMON_GRACE):
+                log.info("host %s: mpirun is gone; ending its MPI daemon", self.plan.host)
+                self.terminate(5.0)
+                return
+
+    def _end_mpi(self, result: Finished) -> Finished:
+        """An MPI run's outcome: algo-1's mpirun speaks for the job, naming the rank's host."""
+        plan = self.plan
+        if self._launch is not None:
+            self._launch.finish(result.exit_code if result.exit_code is not None else 1)
+        if self._mpi_follower:
+            # A daemon ends when mpirun tells it to, or is killed when mpirun fails: the
+            # leader reports the run; this host's log keeps the details.
+            return Finished(0, None)
+        if self._demux is None or result.exit_code in (0, None):
+            return result
+        if result.failure_reason and not result.failure_reason.startswith("AlgorithmError: , "):
+            return result  # the leader's own ranks wrote a failure file
+        host_of = self._demux.host_of
+        reason = mpi.failure_reason(list(mpi.tail_lines(plan.log_path)), host_of, result.exit_code)
+        for host in plan.hosts:
+            if f"host {host} " in reason + " " and host != plan.host:
+                text = self._failure_reason(HostLayout(plan.job_dir / "hosts" / host), 1)
+                if text and not text.startswith("AlgorithmError: , "):
+                    reason += f"; {host}'s failure file: {text}"
+        return Finished(result.exit_code, reason)
+
+    def _release_mpi(self) -> None:
+        if self._launch is not None:
+            self._launch.finish(1)  # no-op once finished; unblocks the board otherwise
+            self._launch = None
+        board = self.plan.mpi_board
+        if board is not None and self.plan.host == self.plan.hosts[0]:
+            board.close()
 
     def _torchrun(self, argv: list[str], python: str, host_gpus: int) -> list[str]:
         """The script-mode command under torchrun, as SageMaker's PyTorch containers run it."""
@@ -409,11 +513,13 @@ class HostAgent:
                 f"ending in .py); this job would run {argv[:2]}"
             )
         per_host = spec.processes_per_host or host_gpus or 1
+        # Under the process runner nothing maps algo-1 in /etc/hosts: use its address.
+        master = "algo-1" if self.runner.name == "sandbox" else plan.addresses["algo-1"]
         return [
             python, "-m", "torch.distributed.run",
             "--nnodes", str(len(plan.hosts)),
             "--nproc_per_node", str(per_host),
-            "--master_addr", "algo-1",
+            "--master_addr", master,
             "--master_port", str(TORCHRUN_PORT),
             "--node_rank", str(plan.host_index),
             *argv[1:],
@@ -434,11 +540,12 @@ class HostAgent:
             argv=cmd.argv,
             env=cmd.env,
             cwd=cmd.cwd,
-            private=(self.settings.home,),
-            shared=(self.settings.envs_dir,),
+            hide=(self.settings.jobs_dir, self.settings.store_root),
             netns=self.plan.netns,
-            hosts=self.plan.hosts,
         )
+        for folder in placement.hide:
+            # Made now so that the sandbox hides them even if they only fill up later.
+            folder.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._stop.is_set():
                 raise _Stopped
@@ -484,16 +591,38 @@ class HostAgent:
         """Copy the job's output into its log with timestamps, and parse metrics."""
         lost = 0  # lines that could not be written (a full disk)
         # Unbuffered: a write that fails leaves nothing behind to fail again at close.
-        with open(self.plan.log_path, "ab", buffering=0) as out:
+        with open(self.plan.log_path, "ab", buffering=0) as out, contextlib.ExitStack() as others:
+            elsewhere: dict[str, IO[bytes]] = {}
+
+            def write(host: str | None, text: bytes, now: float) -> bool:
+                """Log one line; True if it is this host's (and so feeds metrics)."""
+                stamp = f"{now:.3f}\t".encode()
+                if host is None or host == self.plan.host:
+                    out.write(stamp + text.rstrip(b"\n") + b"\n")
+                    out.flush()
+                    return True
+                # MPI: a rank on another host; its lines belong in that host's log.
+                if host not in elsewhere:
+                    path = self.plan.job_dir / "logs" / f"{host}.log"
+                    elsewhere[host] = others.enter_context(open(path, "ab"))
+                elsewhere[host].write(stamp + text + b"\n")
+                elsewhere[host].flush()
+                return False
+
             for raw in iter(process.stdout.readline, b""):
                 now = time.time()
-                try:
-                    out.write(f"{now:.3f}\t".encode() + raw.rstrip(b"\n") + b"\n")
-                except OSError:  # read on all the same, or training blocks on its pipe
-                    lost += 1
-                    continue
-                if self.metrics:
-                    self.metrics.feed(raw.decode("utf-8", "replace"), now)
+                routed = self._demux.feed(raw) if self._demux else [(None, raw)]
+                for host, text in routed:
+                    try:
+                        mine = write(host, text, now)
+                    except OSError:  # read on all the same, or training blocks on its pipe
+                        lost += 1
+                        continue
+                    if mine and self.metrics:
+                        self.metrics.feed(text.decode("utf-8", "replace"), now)
+            for host, text in self._demux.flush() if self._demux else []:
+                with contextlib.suppress(OSError):
+                    write(host, text, time.time())
         self.metrics.close()  # the last points are recorded before the job's end
         if lost:
             log.warning("host %s: %d log lines could not be written", self.plan.host, lost)
@@ -502,10 +631,12 @@ class HostAgent:
     def _failure_reason(layout: HostLayout, code: int) -> str | None:
         if code == 0:
             return None
-        # Never through a link the job made: it would put a host file into FailureReason.
+        try:
+            text = layout.failure_file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
         # Cut to SageMaker's limit by the status machine, which keeps the end too.
-        text = jobtree.read_text(layout.failure_file, 65536) or ""
-        return text if text.strip() else f"AlgorithmError: , exit code: {code}"
+        return text[:65536] if text.strip() else f"AlgorithmError: , exit code: {code}"
 
     # -- the end --------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from types import FrameType
 
 from trainport.config import Settings, load_settings
 from trainport.errors import DatabaseError, TrainportError
+from trainport.host import mpi
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.artifacts import scratch_dir, upload_merged
 from trainport.jobs import liveness
@@ -182,6 +183,8 @@ def _run_hosts(
 
     store = open_store(settings)
     runner = select_runner(record.runner, verified=True)
+    # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
+    board = mpi.LaunchBoard(hosts) if mpi.mpi_settings(spec) is not None else None
     agents = {
         host: HostAgent(
             HostPlan(
@@ -194,6 +197,7 @@ def _run_hosts(
                 upload_artifacts=not multi,
                 network_interface="eth0" if network else "lo",
                 netns=network.hosts[host].namespace if network else None,
+                mpi_board=board,
             ),
             store=store,
             runner=runner,
