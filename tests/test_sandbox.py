@@ -357,7 +357,10 @@ def _placement(tmp_path: Path, **kw: object) -> Placement:
         "root": home / "jobs" / "j" / "hosts" / "algo-1",
         "hosts_file": home / "jobs" / "j" / "hosts" / "algo-1.etc-hosts",
         "argv": ("python3", "-u", "/tmp/scripts/train.py"),
-        "env": {"PATH": f"{home}/envs/abc/bin:/root/.cargo/bin:/usr/bin"},
+        "env": {
+            "PATH": f"{home}/envs/abc/bin:/root/.cargo/bin:/usr/bin",
+            "HOME": "/home/tester",
+        },
         "cwd": "/opt/ml/code",
         "private": (home,),
         "shared": (home / "envs",),
@@ -376,7 +379,7 @@ def test_the_plan_mounts_an_allow_list_and_nothing_private(tmp_path: Path) -> No
         masked=("/etc/shadow", "/etc/ssh/"),
         gpu_devices=(),
         # The interpreter under the home folder that holds TRAINPORT_HOME: only itself.
-        interpreter=(str(tmp_path / "home" / ".venv"), "/usr"),
+        interpreter=(str(tmp_path / "home" / ".venv"), "/home/tester/.pyenv/versions/3", "/usr"),
         package=str(tmp_path / "home" / "src" / "trainport"),
         existing=frozenset({"/tmp/scripts/train.py", f"{home}/envs/abc/bin"}),
     )
@@ -394,6 +397,11 @@ def test_the_plan_mounts_an_allow_list_and_nothing_private(tmp_path: Path) -> No
     # The entry script is shown after /tmp is made empty, else the tmpfs would hide it.
     assert kinds.index((MountKind.RO_BIND, "/tmp/scripts/train.py")) > kinds.index(
         (MountKind.TMPFS, "/tmp")
+    )
+    # The job's home is its own, empty and writable, and made before the interpreter that
+    # lies in it is shown.
+    assert kinds.index((MountKind.TMPFS, "/home/tester")) < kinds.index(
+        (MountKind.RO_BIND, "/home/tester/.pyenv/versions/3")
     )
     opt_ml = next(m for m in plan.mounts if m.target == "/opt/ml")
     assert opt_ml.kind is MountKind.BIND

@@ -221,6 +221,12 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
             mounted.append(path)
     for masked in host.masked:
         mounts.append(Mount(MountKind.MASK, masked.rstrip("/"), "dir" if masked[-1] == "/" else ""))
+    home = _private_home(placement.env.get("HOME", ""), host)
+    if home:
+        # Tools write to ~ (caches, configs): as in a container, the job's home is its own,
+        # empty and writable, made before anything is shown inside it (an interpreter
+        # under /root).
+        mounts.append(Mount(MountKind.TMPFS, home, "0700"))
     wanted = [(p, "the interpreter") for p in host.interpreter]
     wanted.append((host.package, "trainport's package"))
     # What the request runs: its image folder or entry point's files. A missing path needs
@@ -250,6 +256,16 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
         env=placement.env,
         refused=tuple(refused),
     )
+
+
+def _private_home(home: str, host: HostView) -> str:
+    """The job's home folder to make empty and writable, or "" to leave it alone (one the
+    system folders or the sandbox's own mounts already provide)."""
+    if not home.startswith("/"):
+        return ""
+    home = posixpath.normpath(home)
+    taken = [*host.system, OPT_ML, "/tmp", "/dev", "/proc"]
+    return "" if home == "/" or any(_inside(home, t) for t in taken) else home
 
 
 def _late(target: str) -> bool:
