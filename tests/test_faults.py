@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,11 @@ from trainport.config import load_settings
 from trainport.errors import ValidationError
 from trainport.host import fastfile
 from trainport.host.metrics import MetricMatcher
+from trainport.jobs import liveness
 from trainport.jobs.records import JobRecord, MetricPoint, Transition
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService, is_orphan
+from trainport.jobs.status import Phase, advance
 
 TRAINPORT = [sys.executable, "-m", "trainport.cli"]
 
@@ -357,6 +360,25 @@ DEAD = (2, 2, "boot")
 )
 def test_the_orphan_verdict(fields: dict[str, object], now: float, orphan: bool) -> None:
     assert is_orphan(_record(**fields), now, lambda ident: ident == LIVE) is orphan
+
+
+def test_a_job_whose_starter_died_before_its_supervisor_ran(service: JobService) -> None:
+    service.create(python_job("unstarted", "print('trained')"), start=False)
+    starter = subprocess.Popen(["sleep", "60"])
+    ident = liveness.identity(starter.pid)
+    starter.kill()
+    starter.wait()
+    hour_ago = time.time() - 3600  # it left the queue an hour ago and nothing came of it
+    service.db.update(
+        "unstarted",
+        lambda r: dataclasses.replace(
+            advance(r, Phase("Starting", "Preparing the instances"), hour_ago), launcher=ident
+        ),
+    )
+    assert service.reconcile() == ["unstarted"]
+    reason = service.get("unstarted").failure_reason or ""
+    assert f"the process starting this job (pid {starter.pid}) ended" in reason
+    assert "never ran" in reason and "pid None" not in reason
 
 
 def test_a_supervisor_started_for_an_ended_job_does_not_train_it(

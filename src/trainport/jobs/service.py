@@ -338,13 +338,21 @@ class JobService:
                 )
             # Half-made archives of the dead supervisor's own upload, and ours.
             shutil.rmtree(scratch_dir(job_dir), ignore_errors=True)
-        pid = record.supervisor[0] if record.supervisor else None
+        if record.supervisor is not None:
+            what = (
+                f"trainport's supervisor of this job (pid {record.supervisor[0]}) ended "
+                "without finishing it (it was killed or crashed)"
+                + ("; its training processes were stopped" if killed else "")
+            )
+        else:
+            starter = f" (pid {record.launcher[0]})" if record.launcher else ""
+            what = (
+                f"the process starting this job{starter} ended before the job's supervisor "
+                "ran, so the job never ran"
+            )
         reason = (
-            f"InternalServerError: trainport's supervisor of this job (pid {pid}) ended "
-            "without finishing it (it was killed or crashed)"
-            + ("; its training processes were stopped" if killed else "")
-            + ". Run the job again under a new name; with CheckpointConfig it resumes from "
-            "the last synced checkpoint."
+            f"InternalServerError: {what}. Run the job again under a new name; with "
+            "CheckpointConfig it resumes from the last synced checkpoint."
         )
         ended = [False]
 
