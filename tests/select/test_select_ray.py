@@ -65,3 +65,20 @@ def test_ray_actor_killed_mid_unit_is_replaced(
     assert len(done) == len(set(done)) == 3 * 4 * 2
     assert {s.worker: s.loads for s in result.workers}[lost[0].worker] == 2
     assert max_weight_diff(final_weights(result), final_weights(local_run)) <= 1e-6
+
+
+def test_ray_workers_run_the_tests_environment(ray_cluster) -> None:
+    """A worker must run this environment's interpreter, not the machine's python3."""
+    import sys
+
+    @ray_cluster.remote
+    def where() -> tuple[str, str]:
+        import sys
+
+        import trainport
+
+        return sys.prefix, trainport.__file__
+
+    prefix, module = ray_cluster.get(where.remote())
+    assert Path(prefix).resolve() == Path(sys.prefix).resolve()
+    assert Path(module).resolve().is_relative_to(Path(__file__).resolve().parents[2] / "src")
