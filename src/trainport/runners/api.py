@@ -72,13 +72,33 @@ class HostProcess:
         return 128 - code if code < 0 else code
 
     def group_alive(self) -> bool:
+        """Whether a process of the group still runs (zombies do not count: bubblewrap's
+        PID-1 helper is left for the machine's init to reap, which may take seconds)."""
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
             return False
         except PermissionError:
             return True
+        return _group_runs(self.pgid)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is not a zombie (True where /proc cannot tell)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
         return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after ')'.
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 class Runner(ABC):

@@ -7,11 +7,10 @@ plan into a command line. Two ways:
   With ``--new-session`` the training command leads its own process group beneath bwrap's
   PID-1 helper; we read that helper's pid from ``--json-status-fd`` and signal its group,
   never bwrap itself (bwrap would die and leave the job running unwatched);
-- as root without bubblewrap, ``unshare`` (user, mount, PID and IPC namespaces) runs a
-  small shell script that builds the root from the plan, pivots into it, and starts the
-  command under ``setpriv`` with no capabilities and no_new_privs. The script stays as
-  the namespace's PID 1 (which ignores signals it does not handle, so a stop reaches the
-  command, in the same process group, not it) and exits with the command's status;
+- as root, ``unshare`` (user, mount, PID and IPC namespaces) runs :mod:`.enter`, which
+  builds the root from the plan, pivots into it, and starts the command under ``setpriv``
+  with no capabilities and no_new_privs. It stays as the namespace's PID 1 and exits with
+  the command's status; a stop reaches the command directly, in the same process group.
   ``unshare`` survives SIGTERM while its child runs and passes that status on.
 
 ``TRAINPORT_SANDBOX=unshare|bwrap`` forces one way.
@@ -25,6 +24,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from trainport.errors import SandboxError
@@ -35,60 +35,8 @@ __all__ = ["SandboxRunner", "bwrap_options", "sandbox_problem", "unshare_argv", 
 
 log = logging.getLogger(__name__)
 
-# Arguments: the working folder, the command. The plan comes on standard input: the new
-# root's mount point, then (kind, target, source), a line each; not as arguments, because
-# this shell stays as PID 1 and every process in the sandbox can read PID 1's command line.
-# Every mount but the job's own tree is read-only, and so is everything mounted beneath it
-# (a host's /etc may hold bind mounts).
-_UNSHARE_SCRIPT = r"""
-set -eu
-cwd="$1"; shift
-IFS= read -r new
-mount -t tmpfs -o mode=0755,nosuid,nodev trainport-root "$new"
-readonly_all() {
-  awk -v t="$1" '$5 == t || index($5, t "/") == 1 { print $5 }' /proc/self/mountinfo |
-  while read -r m; do
-    # Some flags of a mount made outside are locked: keep them (noexec on /sys parts).
-    mount -o remount,bind,ro,nosuid,nodev "$m" 2>/dev/null ||
-      mount -o remount,bind,ro,nosuid,nodev,noexec "$m" || exit 1
-  done
-}
-place() {
-  if [ -d "$2" ]; then mkdir -p "$1"; else mkdir -p "$(dirname "$1")"; [ -e "$1" ] || : > "$1"; fi
-}
-while IFS= read -r kind && IFS= read -r target && IFS= read -r source; do
-  target="$new$target"
-  case "$kind" in
-    ro-bind) place "$target" "$source"; mount --rbind "$source" "$target"; readonly_all "$target" ;;
-    bind|dev-bind) place "$target" "$source"; mount --rbind "$source" "$target" ;;
-    symlink) mkdir -p "$(dirname "$target")"; ln -s "$source" "$target" ;;
-    tmpfs) mkdir -p "$target"; mount -t tmpfs -o "mode=$source,nosuid,nodev" trainport "$target" ;;
-    proc) mkdir -p "$target"; mount -t proc -o nosuid,nodev,noexec proc "$target" ;;
-    mask)
-      if [ "$source" = dir ]; then mount -t tmpfs -o ro,mode=0755 trainport-mask "$target"
-      else mount --bind /dev/null "$target"; fi ;;
-    *) echo "trainport sandbox: unknown mount kind $kind" >&2; exit 1 ;;
-  esac
-done
-exec </dev/null
-mkdir "$new/.old"
-cd "$new"
-pivot_root . .old
-umount -l /.old
-rmdir /.old
-mount -o remount,bind,ro,nosuid,nodev /
-cd "$cwd"
-unset OLDPWD  # the host path of the new root
-setpriv --no-new-privs --inh-caps=-all --ambient-caps=-all --bounding-set=-all -- "$@" &
-child=$!
-# A handler, so a signal interrupts wait instead of being ignored by PID 1 and lost.
-trap : HUP INT TERM USR1 USR2
-while :; do
-  set +e; wait "$child"; rc=$?; set -e
-  kill -0 "$child" 2>/dev/null || break
-done
-exit "$rc"
-"""
+# The unshare way's PID 1, run by path so that it imports nothing of trainport.
+ENTER = Path(__file__).with_name("enter.py")
 
 
 def _way() -> str:
@@ -155,24 +103,17 @@ def bwrap_options(plan: SandboxPlan, status_fd: int) -> list[str]:
     return argv
 
 
-def unshare_plan(plan: SandboxPlan, new_root: Path) -> list[str]:
-    """The lines the ``unshare`` way's script reads: the new root, then each mount."""
-    lines = [str(new_root)]
-    for m in plan.mounts:
-        lines += [m.kind.value, m.target, m.source]
-    if any("\n" in line for line in lines):
-        raise SandboxError(
-            f"a sandbox path holds a line break: {[x for x in lines if chr(10) in x]}"
-        )
-    return lines
+def unshare_plan(plan: SandboxPlan, new_root: Path) -> str:
+    """What the ``unshare`` way's PID 1 reads on standard input (see :mod:`.enter`)."""
+    mounts = [[m.kind.value, m.target, m.source] for m in plan.mounts]
+    return json.dumps({"root": str(new_root), "mounts": mounts})
 
 
 def unshare_argv(plan: SandboxPlan) -> list[str]:
     """The ``unshare`` command line for ``plan``; its mounts come on standard input."""
     argv = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
     argv += ["--pid", "--fork", "--kill-child", "--ipc", "--"]
-    argv += ["sh", "-c", _UNSHARE_SCRIPT, "trainport-sandbox", plan.cwd]
-    return [*argv, *plan.argv]
+    return [*argv, sys.executable, "-I", "-S", str(ENTER), plan.cwd, *plan.argv]
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -209,8 +150,7 @@ class SandboxRunner(Runner):
         # own mount namespace: nothing appears there outside.
         new_root = placement.root.parent / f".{placement.root.name}.root"
         new_root.mkdir(exist_ok=True)
-        text = "".join(line + "\n" for line in unshare_plan(plan, new_root))
-        plan_fd = _memfd("trainport-sandbox-plan", text.encode())
+        plan_fd = _memfd("trainport-sandbox-plan", unshare_plan(plan, new_root).encode())
         try:
             popen = self._popen(unshare_argv(plan), placement, cwd="/", stdin=plan_fd)
         finally:
