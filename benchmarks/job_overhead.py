@@ -197,7 +197,7 @@ def main() -> int:
 
     print(f"job overhead, median of {args.repeat} runs (ms); goal: < {GOAL_SECONDS * 1000:.0f} ms")
     print(f"  python {sys.version.split()[0]}, {os.cpu_count()} CPUs, trainport: {' '.join(tp)}")
-    header = f"{'':28}{'trainport':>11}{'floor':>9}{'above':>9}{'ratio':>8}{'goal':>7}"
+    header = f"{'':36}{'trainport':>11}{'floor':>9}{'above':>9}{'ratio':>8}{'goal':>7}"
     print(header)
     print("-" * len(header))
     for r in runners:
@@ -210,7 +210,7 @@ def main() -> int:
             above = ours - bottom
             ok = "ok" if above < GOAL_SECONDS * 1000 else "MISS"
             print(
-                f"{r + ': ' + what:28}{ours:>11.0f}{bottom:>9.0f}{above:>9.0f}"
+                f"{r + ': ' + what:36}{ours:>11.0f}{bottom:>9.0f}{above:>9.0f}"
                 f"{ours / bottom:>7.1f}x{ok:>7}"
             )
     for r in runners:
@@ -234,7 +234,7 @@ def main() -> int:
             )
     print()
     print("where the time goes (median over runs of each stage's length, ms)")
-    print(f"{'stage':<44}" + "".join(f"{r:>10}" for r in runners))
+    print(f"{'stage':<44}" + "".join(f"{r:>17}" for r in runners))
     previous = "start"
     for label, key in STAGES:
         cells = []
@@ -243,7 +243,7 @@ def main() -> int:
                 st[key] - (st[previous] if previous != "start" else 0.0)
                 for st in by_runner[r].stages
             ]
-            cells.append(f"{median_ms(lengths):>10.0f}")
+            cells.append(f"{median_ms(lengths):>17.0f}")
         print(f"{label:<44}" + "".join(cells))
         previous = key
     load = os.getloadavg()
