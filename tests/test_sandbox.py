@@ -351,22 +351,20 @@ def test_jobs_logs_host_must_be_a_host_name(
 # -- the decision, read without running anything ----------------------------------------
 
 
-def _placement(tmp_path: Path, **kw: object) -> Placement:
+def _placement(tmp_path: Path, argv: tuple[str, ...] = ()) -> Placement:
     home = tmp_path / "home" / ".trainport"
-    fields: dict[str, object] = {
-        "root": home / "jobs" / "j" / "hosts" / "algo-1",
-        "hosts_file": home / "jobs" / "j" / "hosts" / "algo-1.etc-hosts",
-        "argv": ("python3", "-u", "/tmp/scripts/train.py"),
-        "env": {
+    return Placement(
+        root=home / "jobs" / "j" / "hosts" / "algo-1",
+        hosts_file=home / "jobs" / "j" / "hosts" / "algo-1.etc-hosts",
+        argv=argv or ("python3", "-u", "/tmp/scripts/train.py"),
+        env={
             "PATH": f"{home}/envs/abc/bin:/root/.cargo/bin:/usr/bin",
             "HOME": "/home/tester",
         },
-        "cwd": "/opt/ml/code",
-        "private": (home,),
-        "shared": (home / "envs",),
-    }
-    fields.update(kw)
-    return Placement(**fields)
+        cwd="/opt/ml/code",
+        private=(home,),
+        shared=(home / "envs",),
+    )
 
 
 def test_the_plan_mounts_an_allow_list_and_nothing_private(tmp_path: Path) -> None:
@@ -411,15 +409,15 @@ def test_a_request_naming_a_private_path_or_its_parent_gets_neither(tmp_path: Pa
     from trainport.runners.plan import HostView, plan_sandbox
 
     home = tmp_path / "home" / ".trainport"
-    named = (str(home / "trainport.db"), str(tmp_path / "home"), "/")
+    named = (str(home / "trainport.db"), str(tmp_path / "home"), "/", "/srv/data")
     placement = _placement(tmp_path, argv=("cat", *named))
     view = HostView(
         system={}, masked=(), gpu_devices=(), interpreter=(), package="/usr/lib/x",
-        existing=frozenset(named),
+        existing=frozenset(named), folders=frozenset(named[1:]),
     )  # fmt: skip
     plan = plan_sandbox(placement, view)
-    assert not set(named) & set(plan.sources())
-    assert len(plan.refused) == 3
+    assert not set(named) & set(plan.sources())  # a folder an argument names is not shown
+    assert len(plan.refused) == 1  # the private file, with its reason
 
 
 # -- the process runner --------------------------------------------------------------------

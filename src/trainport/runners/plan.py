@@ -231,7 +231,12 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
     wanted.append((host.package, "trainport's package"))
     # What the request runs: its image folder or entry point's files. A missing path needs
     # nothing (the command fails inside as it would on its own machine).
-    wanted += [(p, "named by the request") for p in request_paths(placement) if p in host.existing]
+    for path in request_paths(placement):
+        # An argument names a file to run or read; only the working folder (an image
+        # folder) or a cached environment is shown whole, never a folder an argument names.
+        whole = path == placement.cwd or any(_inside(path, str(s)) for s in placement.shared)
+        if path in host.existing and (whole or path not in host.folders):
+            wanted.append((path, "named by the request"))
     # Folders before what lies in them: a folder mounted over a mount hides it.
     for path, why in sorted(wanted, key=lambda w: posixpath.normpath(w[0]).count("/")):
         show(path, why)
