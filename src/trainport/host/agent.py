@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING
 from trainport.config import Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import diskspace, gpus, mpi, pipe
+from trainport.host import diskspace, gpus, jobtree, mpi, pipe
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -513,13 +513,11 @@ class HostAgent:
                 f"ending in .py); this job would run {argv[:2]}"
             )
         per_host = spec.processes_per_host or host_gpus or 1
-        # Under the process runner nothing maps algo-1 in /etc/hosts: use its address.
-        master = "algo-1" if self.runner.name == "sandbox" else plan.addresses["algo-1"]
         return [
             python, "-m", "torch.distributed.run",
             "--nnodes", str(len(plan.hosts)),
             "--nproc_per_node", str(per_host),
-            "--master_addr", master,
+            "--master_addr", "algo-1",
             "--master_port", str(TORCHRUN_PORT),
             "--node_rank", str(plan.host_index),
             *argv[1:],
@@ -540,12 +538,11 @@ class HostAgent:
             argv=cmd.argv,
             env=cmd.env,
             cwd=cmd.cwd,
-            hide=(self.settings.jobs_dir, self.settings.store_root),
+            private=(self.settings.home,),
+            shared=(self.settings.envs_dir,),
             netns=self.plan.netns,
+            hosts=self.plan.hosts,
         )
-        for folder in placement.hide:
-            # Made now so that the sandbox hides them even if they only fill up later.
-            folder.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self._stop.is_set():
                 raise _Stopped
@@ -631,12 +628,10 @@ class HostAgent:
     def _failure_reason(layout: HostLayout, code: int) -> str | None:
         if code == 0:
             return None
-        try:
-            text = layout.failure_file.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            text = ""
+        # Never through a link the job made: it would put a host file into FailureReason.
         # Cut to SageMaker's limit by the status machine, which keeps the end too.
-        return text[:65536] if text.strip() else f"AlgorithmError: , exit code: {code}"
+        text = jobtree.read_text(layout.failure_file, 65536) or ""
+        return text if text.strip() else f"AlgorithmError: , exit code: {code}"
 
     # -- the end --------------------------------------------------------------------------
 
