@@ -70,6 +70,18 @@ def record_from_describe(doc: dict[str, Any]) -> JobRecord:
     )
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with botocore's datetimes as epoch seconds, as the local service gives
+    them: what the CLI prints must be JSON."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    return value
+
+
 def _translate(exc: Exception) -> TrainportError:
     from botocore.exceptions import ClientError
 
@@ -138,7 +150,8 @@ class RemoteJobService:
     def describe(self, name: str) -> dict[str, Any]:
         doc = self._call(self._sm, "describe_training_job", TrainingJobName=name)
         doc.pop("ResponseMetadata", None)
-        return doc
+        plain: dict[str, Any] = _plain(doc)
+        return plain
 
     def get(self, name: str) -> JobRecord:
         return record_from_describe(self.describe(name))
