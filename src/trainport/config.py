@@ -44,6 +44,11 @@ class Settings:
     # TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1: the server accepts jobs under the process
     # runner, which isolates nothing (any client with a key could then read the keys).
     server_allow_process_runner: bool = False
+    # TRAINPORT_SERVER_ALLOW_HOST_PATHS=1: a request sent to the server may name files of
+    # the server's machine to run (an image folder, a script path), which the sandbox then
+    # shows the job read-only. Off, such a request is refused: a client could otherwise
+    # read any host file it can name.
+    server_allow_host_paths: bool = False
 
     @property
     def store_root(self) -> Path:
@@ -125,6 +130,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         else (),
         max_concurrent_jobs=_positive(env, "TRAINPORT_MAX_CONCURRENT_JOBS", 2),
         server_allow_process_runner=_flag(env, "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER"),
+        server_allow_host_paths=_flag(env, "TRAINPORT_SERVER_ALLOW_HOST_PATHS"),
     )
 
 

@@ -92,10 +92,14 @@ class JobService:
         reconcile_on_read: bool = True,
         launch: str = "spawn",
         allow_process_runner: bool = True,
+        allow_host_paths: bool = True,
     ) -> None:
         self.settings = settings or load_settings()
         # The process runner isolates nothing: a server takes it only if its operator says.
         self.allow_process_runner = allow_process_runner
+        # A local user may run their own files; a server's clients may not name the
+        # server's files (the sandbox would show them), unless its operator says.
+        self.allow_host_paths = allow_host_paths
         # "spawn" starts each supervisor as a new interpreter (safe from any caller);
         # "fork" copies this one, which has everything imported already: a single-threaded
         # caller such as the CLI saves a whole Python start-up per job.
@@ -168,6 +172,8 @@ class JobService:
                 "(names are unique, as in SageMaker)"
             )
         spec = self.check(request)
+        if not self.allow_host_paths:
+            _refuse_host_paths(request)
         chosen = select_runner(runner or spec.runner or self.settings.runner)
         if chosen.name == "process" and not self.allow_process_runner:
             raise ValidationError(
@@ -487,3 +493,37 @@ def _fork_supervisor(name: str, settings: Settings, log_path: Path) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+OPT_ML = "/opt/ml"
+
+
+def _refuse_host_paths(request: dict[str, Any]) -> None:
+    """Refuse a request that names files of this machine the sandbox would show its job.
+
+    The sandbox shows the system folders to every job anyway; anything else an entry point,
+    an argument or the image names would be mounted read-only for the job to read.
+    """
+    from trainport.runners.plan import SYSTEM_DIRS
+
+    algo = request.get("AlgorithmSpecification") or {}
+    named: list[tuple[str, str]] = []
+    for field_name in ("ContainerEntrypoint", "ContainerArguments"):
+        for i, item in enumerate(algo.get(field_name) or []):
+            if isinstance(item, str) and item.startswith("/"):
+                named.append((f"AlgorithmSpecification.{field_name}[{i}]", item))
+    image = algo.get("TrainingImage")
+    if isinstance(image, str) and (image.startswith(("/", ".", "~")) or os.path.isdir(image)):
+        named.append(("AlgorithmSpecification.TrainingImage", image))
+    for field_name, path in named:
+        full = os.path.normpath(os.path.expanduser(path))
+        if full == OPT_ML or full.startswith(OPT_ML + "/"):
+            continue  # the job's own tree
+        if any(full == d or full.startswith(d + "/") for d in SYSTEM_DIRS):
+            continue  # shown to every job anyway
+        if os.path.lexists(full):
+            raise ValidationError(
+                f"{field_name}: {path!r} names a file of the server's machine; this server "
+                "does not show its files to jobs. Put the code in the job's source archive "
+                "(script mode) or ask the operator to set TRAINPORT_SERVER_ALLOW_HOST_PATHS=1"
+            )

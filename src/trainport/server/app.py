@@ -232,6 +232,7 @@ def build_server(config: ServerConfig, settings: Settings | None = None) -> Trai
         settings,
         reconcile_on_read=False,
         allow_process_runner=settings.server_allow_process_runner,
+        allow_host_paths=settings.server_allow_host_paths,
     )
     service.db = ThreadConnectionDB(settings.db_path)
     limit = config.max_concurrent_jobs or settings.max_concurrent_jobs
