@@ -11,6 +11,7 @@ from trainport.errors import ValidationError
 from trainport.host.channels import (
     ChannelObject,
     object_order,
+    prefix_name,
     relative_path,
     resolve_channel,
     shard,
@@ -71,9 +72,37 @@ def test_keys_are_kept_relative_to_the_prefix(home: Path) -> None:
     got = resolve_channel(store, _channel("s3://bkt/data/train/"))
     assert [o.rel_path for o in got] == ["a.csv", "sub/b.csv"]
     got = resolve_channel(store, _channel("s3://bkt/data/train"))
-    assert [o.rel_path for o in got] == ["a.csv", "sub/b.csv", "er/c.csv"]
+    # data/trainer/ only extends the prefix's last segment: it keeps its own folder name.
+    assert [o.rel_path for o in got] == ["a.csv", "sub/b.csv", "trainer/c.csv"]
     single = resolve_channel(store, _channel("s3://bkt/data/train/a.csv"))
     assert [o.rel_path for o in single] == ["a.csv"]
+
+
+def test_an_object_uri_keeps_every_match_under_its_own_name(home: Path) -> None:
+    put(home, "data", "p/a.txt", "a")
+    put(home, "data", "p/a.txt.bak", "b")
+    got = resolve_channel(LocalStore(home / "store"), _channel("s3://data/p/a.txt"))
+    assert [(o.key, o.rel_path) for o in got] == [
+        ("p/a.txt", "a.txt"),
+        ("p/a.txt.bak", "a.txt.bak"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "key", "name"),
+    [
+        ("p/a.txt", "p/a.txt", "a.txt"),
+        ("p/a.txt", "p/a.txt.bak", "a.txt.bak"),
+        ("a.txt", "a.txt.bak", "a.txt.bak"),
+        ("p/", "p/x/y", "x/y"),
+        ("p", "p/x", "x"),
+        ("p", "pq/x", "pq/x"),
+        ("", "x/y", "x/y"),
+        ("p/", "p//x/./y", "x/y"),
+    ],
+)
+def test_prefix_names(prefix: str, key: str, name: str) -> None:
+    assert prefix_name(prefix, key) == name
 
 
 def _channel(uri: str, kind: str = "S3Prefix") -> ChannelSpec:

@@ -63,6 +63,23 @@ def test_job_stages_from_and_uploads_to_s3(s3_home: Path, moto_endpoint: str) ->
     assert client.head_object(Bucket="s3-out", Key="prefix/s3-job/output/output.tar.gz")
 
 
+def test_an_object_uri_stages_each_match_under_its_own_name(
+    s3_home: Path, moto_endpoint: str
+) -> None:
+    client = s3(moto_endpoint)
+    client.create_bucket(Bucket="s3-one")
+    client.put_object(Bucket="s3-one", Key="p/a.txt", Body=b"A")
+    client.put_object(Bucket="s3-one", Key="p/a.txt.bak", Body=b"B")
+    service = JobService(load_settings())
+    service.create(
+        python_job("s3-one", LIST_CHANNEL, InputDataConfig=[channel("s3://s3-one/p/a.txt")]),
+        runner="process",
+    )
+    record = wait_for(service, "s3-one")
+    assert record.status == "Completed", record.failure_reason
+    assert [line for _, line in service.logs("s3-one")] == ["a.txt A", "a.txt.bak B"]
+
+
 def test_key_escaping_the_channel_is_refused(s3_home: Path, moto_endpoint: str) -> None:
     client = s3(moto_endpoint)
     client.create_bucket(Bucket="s3-evil")

@@ -1,8 +1,8 @@
 """Channels in File mode: which objects a host gets, where each lands, and staging them.
 
-The decisions are pure functions (:func:`object_order`, :func:`shard`, :func:`relative_path`)
-with unit tests; :func:`resolve_channel` lists or reads a manifest from the store, and
-:func:`stage_file_channel` downloads in parallel.
+The decisions are pure functions (:func:`object_order`, :func:`shard`, :func:`prefix_name`,
+:func:`relative_path`) with unit tests; :func:`resolve_channel` lists or reads a manifest
+from the store, and :func:`stage_file_channel` downloads in parallel.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ __all__ = [
     "ChannelObject",
     "ManifestLine",
     "object_order",
+    "prefix_name",
     "relative_path",
     "resolve_augmented_manifest",
     "resolve_channel",
@@ -56,14 +57,31 @@ def relative_path(rel: str, *, what: str) -> str:
     return clean
 
 
+def prefix_name(prefix: str, key: str) -> str:
+    """Where the object ``key`` (which starts with ``prefix``) lands under its channel.
+
+    A key below the prefix taken as a folder keeps its path under that folder
+    (``data/train`` or ``data/train/``: ``data/train/a.csv`` is ``a.csv``). Any other match
+    (the object the prefix names, or a key that only extends the prefix's last segment)
+    keeps its name relative to the prefix's last '/'-delimited folder, as SageMaker does:
+    ``p/a.txt`` gives ``a.txt`` and ``a.txt.bak``, never ``.bak``. Empty and '.' segments
+    (``a//b``) are dropped, so every name is a plain relative path.
+    """
+    rest = key[len(prefix) :]
+    if prefix and not prefix.endswith("/"):
+        rest = rest[1:] if rest.startswith("/") else posixpath.basename(prefix) + rest
+    return "/".join(p for p in rest.split("/") if p not in ("", "."))
+
+
 def _prefix_objects(store: ObjectStore, uri: S3Uri, where: str) -> list[ChannelObject]:
     found = store.list_objects(uri.bucket, uri.key)
     objects = []
     for obj in found:
         if obj.key.endswith("/"):
             continue
-        rel = obj.key[len(uri.key) :].lstrip("/") or posixpath.basename(obj.key)
-        rel = relative_path(rel, what=f"{where}: object s3://{uri.bucket}/{obj.key}")
+        rel = relative_path(
+            prefix_name(uri.key, obj.key), what=f"{where}: object s3://{uri.bucket}/{obj.key}"
+        )
         objects.append(ChannelObject(uri.bucket, obj.key, rel, obj.size))
     return objects
 
