@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from trainport.errors import ValidationError
-from trainport.spec import ChannelSpec
+from trainport.spec import ChannelSpec, confined_uri
 from trainport.store.api import ObjectStore, S3Uri
 from trainport.store.transfer import Progress, Transfer, TransferStats, download_all
 
@@ -102,7 +102,7 @@ def _manifest_objects(store: ObjectStore, uri: S3Uri, where: str) -> list[Channe
             f"{where}: manifest {uri} must be a JSON array whose first element is "
             '{"prefix": "s3://bucket/prefix/"} followed by keys relative to it'
         )
-    prefix = S3Uri.parse(doc[0]["prefix"], field=f"{where}: manifest {uri} prefix")
+    prefix = confined_uri(doc[0]["prefix"], f"{where}: manifest {uri} prefix")
     # One listing of the prefix gives every entry's size (one request per page, not per key).
     sizes = {o.key: o.size for o in store.list_objects(prefix.bucket, prefix.key)}
     objects = []
@@ -166,7 +166,7 @@ def _attribute_record(attribute: str, value: Any, where: str) -> tuple[str, S3Ur
     if attribute.endswith("-ref"):
         if not isinstance(value, str):
             raise ValidationError(f"{where}: attribute {attribute!r} must be an S3 URI string")
-        return attribute, S3Uri.parse(value, field=f"{where} attribute {attribute!r}")
+        return attribute, confined_uri(value, f"{where} attribute {attribute!r}")
     if isinstance(value, str):
         return attribute, value.encode("utf-8")
     return attribute, json.dumps(value, separators=(",", ":")).encode("utf-8")

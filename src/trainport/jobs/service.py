@@ -41,7 +41,7 @@ from trainport.jobs.db import JobDB, JobSummary, ListQuery
 from trainport.jobs.records import JobRecord, Transition
 from trainport.jobs.status import Finished, Phase, Status, StopRequested, advance
 from trainport.runners.api import select_runner
-from trainport.spec import JobSpec, parse_request
+from trainport.spec import JobSpec, confined_uri, parse_request
 from trainport.store.api import ObjectStore, S3Uri, open_store
 
 __all__ = ["JobService", "LogLine", "is_orphan"]
@@ -143,7 +143,7 @@ class JobService:
         from trainport.host import script_mode
 
         raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
-        uri = S3Uri.parse(raw, field="HyperParameters.sagemaker_submit_directory")
+        uri = confined_uri(raw, "HyperParameters.sagemaker_submit_directory")
         if not self.store.exists(uri.bucket, uri.key):
             raise ValidationError(
                 f"HyperParameters.sagemaker_submit_directory: {raw} does not exist in the "
