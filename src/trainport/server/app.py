@@ -15,6 +15,7 @@ import json
 import logging
 import mimetypes
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +29,7 @@ from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
 from trainport.server.connections import ThreadConnectionDB
 from trainport.server.dashboard_api import DashboardApi, Download, dashboard_token
+from trainport.server.deadlines import ConnectionDeadlines
 from trainport.server.logs_api import LogsApi
 from trainport.server.protocol import DEFAULT_MAX_BODY, JsonProtocol, Response, error_response
 from trainport.server.sagemaker_api import SageMakerApi
@@ -49,6 +51,10 @@ class ServerConfig:
     max_concurrent_jobs: int | None = None  # None: from settings
     max_body: int = DEFAULT_MAX_BODY
     scheduler_interval: float = 0.5
+    # Seconds a connection may wait idle for its next request, and a request may take to
+    # arrive once its first line has: past them the connection is closed.
+    idle_timeout: float = 60.0
+    request_timeout: float = 30.0
 
 
 def _ping(params: dict[str, Any]) -> dict[str, Any]:
@@ -64,11 +70,22 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # Small responses go out at once, not after the peer's delayed ACK (40 ms).
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.server.deadlines.waiting(self.connection)
         db = self.server.service.db
         if isinstance(db, ThreadConnectionDB):
             db.hold()
 
+    def handle_one_request(self) -> None:
+        self.server.deadlines.waiting(self.connection)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        # The request line has come: headers and body must follow within the request timeout.
+        self.server.deadlines.reading(self.connection)
+        return super().parse_request()
+
     def finish(self) -> None:
+        self.server.deadlines.forget(self.connection)
         try:
             super().finish()
         finally:
@@ -111,9 +128,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(refusal, {"Connection": "close"})
             return
         body = self.rfile.read(length or 0)
+        if len(body) < (length or 0):
+            # The body stopped short: the client went away or ran out of time.
+            self.close_connection = True
+            return
+        self.server.deadlines.handling(self.connection)
         self._send(protocol.handle(self.path, self._headers(), body))
 
     def do_GET(self) -> None:
+        self.server.deadlines.handling(self.connection)
         url = urlsplit(self.path)
         dashboard = self.server.dashboard
         if url.path == "/" and "token=" in url.query:
@@ -198,6 +221,8 @@ class TrainportServer(ThreadingHTTPServer):
         self.dashboard = dashboard
         self.created_key: AccessKey | None = None
         self._thread: threading.Thread | None = None
+        self.deadlines = ConnectionDeadlines(config.idle_timeout, config.request_timeout)
+        self.deadlines.start()
 
     @property
     def port(self) -> int:
@@ -216,6 +241,18 @@ class TrainportServer(ThreadingHTTPServer):
         self.scheduler.start()
         self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
         self._thread.start()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client gone mid-reply (or cut off by its deadline) is routine, not a traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            log.debug("connection from %s ended: %s", client_address, exc)
+            return
+        log.exception("request from %s failed", client_address)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.deadlines.close()
 
     def close(self) -> None:
         self.shutdown()

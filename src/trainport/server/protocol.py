@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/x-amz-json-1.1"
 _ACCEPTED_TYPES = (CONTENT_TYPE, "application/x-amz-json-1.0")
 DEFAULT_MAX_BODY = 1024 * 1024
+MAX_DEPTH = 64  # levels of nested objects and arrays a request body may have
 
 Operation = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -55,6 +56,28 @@ class Response:
 def error_response(code: str, message: str, status: int = 400) -> Response:
     body = json.dumps({"__type": code, "message": message}).encode()
     return Response(status, body)
+
+
+def _too_deep() -> ApiError:
+    return ApiError(
+        "ValidationException",
+        f"the request body nests objects and arrays more than {MAX_DEPTH} levels deep; "
+        "no operation of this API takes such a request",
+    )
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit``; iterative, so any depth is safe."""
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if not isinstance(item, dict | list):
+            continue
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        todo.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _error_for(exc: TrainportError) -> Response:
@@ -125,10 +148,16 @@ class JsonProtocol:
             )
         try:
             params = json.loads(body or b"{}")
+        except RecursionError as exc:
+            raise _too_deep() from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(
                 "SerializationException", f"the request body is not valid JSON: {exc}"
             ) from exc
+        if _depth_over(params, MAX_DEPTH):
+            # Within Python's recursion limit, but the validator and every reader after it
+            # recurse too; no SageMaker request nests anywhere near this deep.
+            raise _too_deep()
         if not isinstance(params, dict):
             raise ApiError("SerializationException", "the request body must be a JSON object")
         result = operation(params)

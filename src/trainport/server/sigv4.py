@@ -20,6 +20,8 @@ import json
 import logging
 import os
 import secrets
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlsplit
@@ -124,11 +126,22 @@ def _parse_authorization(value: str) -> tuple[str, list[str], str]:
 
 
 class SigV4Verifier:
+    #: Derived signing keys kept. Honest clients use a few (key, date, region, service)
+    #: scopes; a bound keeps forged scopes from growing the cache without end.
+    CACHE_SIZE = 256
+
     def __init__(self, keys: list[AccessKey], services: tuple[str, ...] = ("sagemaker", "logs")):
         self._secrets = {k.key_id: k.secret for k in keys}
         self._services = services
-        # Signing keys depend only on (secret, date, region, service): cache them.
-        self._derived: dict[tuple[str, str, str, str], bytes] = {}
+        # Signing keys depend only on (secret, date, region, service): cache them, most
+        # recently used last. Only a scope that verified is kept (see verify).
+        self._derived: OrderedDict[tuple[str, str, str, str], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def cached_scopes(self) -> int:
+        """How many derived signing keys are cached."""
+        return len(self._derived)
 
     def verify(
         self,
@@ -209,10 +222,10 @@ class SigV4Verifier:
             (ALGORITHM, stamp, scope, hashlib.sha256(canonical.encode()).hexdigest())
         )
         cache_key = (key_id, date, region, service)
-        derived = self._derived.get(cache_key)
+        with self._lock:
+            derived = self._derived.get(cache_key)
         if derived is None:
             derived = signing_key(secret, date, region, service)
-            self._derived[cache_key] = derived
         expected = hmac.new(derived, to_sign.encode(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, signature):
             raise AuthError(
@@ -220,4 +233,9 @@ class SigV4Verifier:
                 "The request signature we calculated does not match the signature you "
                 "provided. Check your AWS Secret Access Key and signing method.",
             )
+        with self._lock:
+            self._derived[cache_key] = derived
+            self._derived.move_to_end(cache_key)
+            while len(self._derived) > self.CACHE_SIZE:
+                self._derived.popitem(last=False)
         return key_id
