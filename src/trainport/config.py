@@ -24,6 +24,7 @@ __all__ = ["Settings", "load_settings"]
 
 DEFAULT_STOP_GRACE_SECONDS = 120.0
 DEFAULT_CHECKPOINT_SYNC_SECONDS = 30.0
+DEFAULT_MAX_SOURCEDIR_MB = 512
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,9 @@ class Settings:
     # shows the job read-only. Off, such a request is refused: a client could otherwise
     # read any host file it can name.
     server_allow_host_paths: bool = False
+    # TRAINPORT_MAX_SOURCEDIR_MB: the most a job's source tarball may unpack to, so a gzip
+    # bomb is refused at submission instead of filling the disk.
+    max_sourcedir_bytes: int = DEFAULT_MAX_SOURCEDIR_MB << 20
 
     @property
     def store_root(self) -> Path:
@@ -131,6 +135,9 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_concurrent_jobs=_positive(env, "TRAINPORT_MAX_CONCURRENT_JOBS", 2),
         server_allow_process_runner=_flag(env, "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER"),
         server_allow_host_paths=_flag(env, "TRAINPORT_SERVER_ALLOW_HOST_PATHS"),
+        max_sourcedir_bytes=(
+            _positive(env, "TRAINPORT_MAX_SOURCEDIR_MB", DEFAULT_MAX_SOURCEDIR_MB) << 20
+        ),
     )
 
 

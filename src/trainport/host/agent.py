@@ -378,7 +378,9 @@ class HostAgent:
             field="HyperParameters.sagemaker_submit_directory",
         )
         script_mode.unpack_sourcedir(
-            self.store.get_bytes(source.bucket, source.key), layout.code_dir
+            self.store.get_bytes(source.bucket, source.key),
+            layout.code_dir,
+            max_bytes=self.settings.max_sourcedir_bytes,
         )
         python = script_mode.prepare_python(
             layout.code_dir,

@@ -15,6 +15,7 @@ import posixpath
 import tarfile
 from pathlib import Path, PurePosixPath
 
+from trainport.config import DEFAULT_MAX_SOURCEDIR_MB
 from trainport.errors import ValidationError
 
 __all__ = ["pack_entry_point", "pack_sourcedir", "unpack_sourcedir"]
@@ -71,21 +72,19 @@ def pack_entry_point(entry: Path) -> bytes:
     return buf.getvalue()
 
 
-def unpack_sourcedir(tarball: bytes | Path, code_dir: Path) -> None:
+def unpack_sourcedir(
+    tarball: bytes | Path, code_dir: Path, *, max_bytes: int = DEFAULT_MAX_SOURCEDIR_MB << 20
+) -> None:
     """Extract ``tarball`` (its bytes, or a path to it) into ``code_dir``, refusing escapes.
 
-    All members are validated first; if any is unsafe a :class:`ValidationError` names it and
-    nothing is written. Extraction then also goes through Python's ``"data"`` filter, which
-    resolves links on disk, as a second line of defence.
+    All members are validated first; if any is unsafe, or the archive unpacks to more than
+    ``max_bytes`` (headers and contents), a :class:`ValidationError` says so and nothing is
+    written. Extraction then also goes through Python's ``"data"`` filter, which resolves
+    links on disk, as a second line of defence.
     """
     code = Path(code_dir)
     with _open_tarball(tarball, code) as tar:
-        try:
-            members = tar.getmembers()
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise ValidationError(
-                f"sourcedir tarball for {code} is truncated or corrupt ({exc}); upload it again"
-            ) from exc
+        members = _bounded_members(tar, code, max_bytes)
         for member in members:
             problem = _member_problem(member, str(code))
             if problem is not None:
@@ -100,6 +99,31 @@ def unpack_sourcedir(tarball: bytes | Path, code_dir: Path) -> None:
             raise ValidationError(
                 f"sourcedir tarball refused while extracting into {code}: {exc}"
             ) from exc
+
+
+def _bounded_members(tar: tarfile.TarFile, code: Path, max_bytes: int) -> list[tarfile.TarInfo]:
+    """The archive's members, read one header at a time so that a gzip bomb is refused
+    after decompressing at most about ``max_bytes``, never all of it."""
+    members: list[tarfile.TarInfo] = []
+    while True:
+        try:
+            member = tar.next()
+        except (tarfile.TarError, OSError, EOFError) as exc:
+            raise ValidationError(
+                f"sourcedir tarball for {code} is truncated or corrupt ({exc}); upload it again"
+            ) from exc
+        if member is None:
+            return members
+        # Where this member's contents end in the unpacked archive: the bytes read so far.
+        if member.offset_data + member.size > max_bytes:
+            raise ValidationError(
+                f"sourcedir tarball for {code} unpacks to more than {max_bytes >> 20} MiB, "
+                f"the limit (member {member.name!r} reaches past it); nothing was extracted. "
+                "Leave data and build outputs out of the source directory (use a channel), "
+                "or raise the limit with TRAINPORT_MAX_SOURCEDIR_MB where trainport runs "
+                "(the server and its hosts)"
+            )
+        members.append(member)
 
 
 def _open_tarball(tarball: bytes | Path, code: Path) -> tarfile.TarFile:

@@ -57,11 +57,14 @@ class Scheduler:
     def submit(self, request: dict[str, Any], *, runner: str | None = None) -> str:
         """Queue a CreateTrainingJob request; returns its ARN. It starts at once if a slot
         is free."""
+        # Checking may unpack a source tarball (seconds for a large one): outside the lock,
+        # so that one request holds up no other submission and no tick.
+        spec = self.service.admit(request)
         with self._lock:
             queued, running = self._census()
-            if not queued and running < self.limit:
-                return self.service.create(request, runner=runner)  # a slot is free: no wait
-            arn = self.service.create(request, runner=runner, start=False)
+            if not queued and running < self.limit:  # a slot is free: no wait
+                return self.service.create(request, runner=runner, admitted=spec)
+            arn = self.service.create(request, runner=runner, start=False, admitted=spec)
         self.tick()
         return arn
 

@@ -151,27 +151,43 @@ class JobService:
             )
         program = spec.hyperparameters["sagemaker_program"].strip('"')
         with tempfile.TemporaryDirectory(prefix="trainport-check-") as tmp:
-            script_mode.unpack_sourcedir(self.store.get_bytes(uri.bucket, uri.key), Path(tmp))
+            script_mode.unpack_sourcedir(
+                self.store.get_bytes(uri.bucket, uri.key),
+                Path(tmp),
+                max_bytes=self.settings.max_sourcedir_bytes,
+            )
             if not (Path(tmp) / program).is_file():
                 raise ValidationError(
                     f"HyperParameters.sagemaker_program: the entry point {program!r} is not in "
                     f"the source archive {raw}; check --entry-point and --source-dir"
                 )
 
-    def create(
-        self, request: dict[str, Any], *, runner: str | None = None, start: bool = True
-    ) -> str:
-        """Accept a CreateTrainingJob request and start it; returns the job's ARN.
-
-        With ``start=False`` the job waits with SecondaryStatus Pending until
-        :meth:`start` (called by a scheduler when capacity frees)."""
+    def admit(self, request: dict[str, Any]) -> JobSpec:
+        """The checks of :meth:`create` that come before anything is stored: a name already
+        taken, then :meth:`check`. They may read and unpack what the request points at, so
+        a scheduler runs them outside its lock."""
         name = request.get("TrainingJobName") if isinstance(request, dict) else None
         if isinstance(name, str) and self.db.exists(name):
             raise ResourceInUseError(
                 f"Training job {name!r} already exists; choose another TrainingJobName "
                 "(names are unique, as in SageMaker)"
             )
-        spec = self.check(request)
+        return self.check(request)
+
+    def create(
+        self,
+        request: dict[str, Any],
+        *,
+        runner: str | None = None,
+        start: bool = True,
+        admitted: JobSpec | None = None,
+    ) -> str:
+        """Accept a CreateTrainingJob request and start it; returns the job's ARN.
+
+        With ``start=False`` the job waits with SecondaryStatus Pending until
+        :meth:`start` (called by a scheduler when capacity frees). ``admitted`` is what
+        :meth:`admit` returned for this request, if the caller ran it already."""
+        spec = admitted or self.admit(request)
         if not self.allow_host_paths:
             _refuse_host_paths(request)
         chosen = select_runner(runner or spec.runner or self.settings.runner)
