@@ -84,6 +84,9 @@ class JobRecord:
     training_pgid: int | None = None
     training_pgids: tuple[int, ...] = ()  # one process group per host
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The job's tags as AddTags and DeleteTags left them, in order; None while they are
+    # still the request's own Tags (which are kept as sent: they configured the job).
+    tags: tuple[tuple[str, str], ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -95,10 +98,18 @@ class JobRecord:
         doc["final_metrics"] = tuple(MetricPoint(**m) for m in doc.get("final_metrics", ()))
         doc["notes"] = tuple(doc.get("notes", ()))
         doc["training_pgids"] = tuple(doc.get("training_pgids", ()))
+        if doc.get("tags") is not None:
+            doc["tags"] = tuple((k, v) for k, v in doc["tags"])
         for key in ("supervisor", "launcher"):
             if doc.get(key) is not None:
                 doc[key] = tuple(doc[key])
         return cls(**doc)
+
+    def current_tags(self) -> tuple[tuple[str, str], ...]:
+        """The tags ListTags shows: the request's, then as AddTags and DeleteTags changed them."""
+        if self.tags is not None:
+            return self.tags
+        return tuple((t["Key"], t.get("Value", "")) for t in self.request.get("Tags") or ())
 
     def to_describe(self) -> dict[str, Any]:
         """The DescribeTrainingJob response for this job."""
@@ -119,8 +130,13 @@ class JobRecord:
                 out[key] = req[key]
         out.setdefault("StoppingCondition", {"MaxRuntimeInSeconds": 86400})
         out.setdefault(
-            "ResourceConfig", {"InstanceType": "local", "InstanceCount": 1, "VolumeSizeInGB": 1}
+            "ResourceConfig",
+            {"InstanceType": "ml.m5.large", "InstanceCount": 1, "VolumeSizeInGB": 1},
         )
+        # SageMaker always answers with these, and the SageMaker SDK reads them without
+        # looking first (Estimator.attach): a request may have left them out.
+        output = out.setdefault("OutputDataConfig", {})
+        out["OutputDataConfig"] = {"KmsKeyId": "", **output}
         if self.failure_reason:
             out["FailureReason"] = self.failure_reason
         if self.training_start_time is not None:

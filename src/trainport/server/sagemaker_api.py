@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 from typing import Any
 
@@ -18,12 +19,14 @@ from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
 from trainport.jobs.status import Status
 from trainport.server.protocol import Operation
+from trainport.servicemodel import request_shapes, validate
 
 __all__ = ["SageMakerApi"]
 
 _STATUSES = tuple(s.value for s in Status)
 _SORT_BY = ("Name", "CreationTime", "Status")
 _SORT_ORDER = ("Ascending", "Descending")
+_MAX_TAGS = 50  # per resource, as in SageMaker
 
 
 def _string(params: dict[str, Any], field: str, *, required: bool = False) -> str | None:
@@ -99,6 +102,9 @@ class SageMakerApi:
             "SageMaker.DescribeTrainingJob": self.describe_training_job,
             "SageMaker.ListTrainingJobs": self.list_training_jobs,
             "SageMaker.StopTrainingJob": self.stop_training_job,
+            "SageMaker.AddTags": self.add_tags,
+            "SageMaker.ListTags": self.list_tags,
+            "SageMaker.DeleteTags": self.delete_tags,
         }
 
     def create_training_job(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +124,66 @@ class SageMakerApi:
         self.service.stop(name)
         self.scheduler.notify()
         return {}
+
+    # -- tags: training jobs are the only resource this server has ---------------------------
+
+    def _tagged_job(self, operation: str, params: dict[str, Any]) -> str:
+        """The training job a tag request's ResourceArn names, after checking the request
+        against the service model."""
+        root, shapes = request_shapes(operation, self.service.settings.home / "cache")
+        problems = validate(params, root, shapes)
+        if problems:
+            raise ValidationError(f"invalid {operation} request:\n  " + "\n  ".join(problems))
+        arn = params["ResourceArn"]
+        name = arn.partition(":training-job/")[2]
+        if not name or self.service.arn(name) != arn:
+            raise ValidationError(
+                f"ResourceArn: {arn!r} is not the ARN of a training job of this server "
+                f"(such as {self.service.arn('NAME')}); it keeps tags of training jobs only"
+            )
+        self.service.db.get(name)  # a job that does not exist is a clear error
+        return name
+
+    def add_tags(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = self._tagged_job("AddTags", params)
+        added = [(t["Key"], t["Value"]) for t in params["Tags"]]
+
+        def add(record: JobRecord) -> JobRecord:
+            tags = dict(record.current_tags())
+            tags.update(added)  # a key given again takes its new value, as in SageMaker
+            if len(tags) > _MAX_TAGS:
+                raise ValidationError(
+                    f"Tags: training job {name!r} would have {len(tags)} tags; the limit is "
+                    f"{_MAX_TAGS}. Delete some with DeleteTags first"
+                )
+            return dataclasses.replace(record, tags=tuple(tags.items()))
+
+        self.service.db.update(name, add)
+        return {"Tags": [{"Key": k, "Value": v} for k, v in added]}
+
+    def delete_tags(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = self._tagged_job("DeleteTags", params)
+        gone = set(params["TagKeys"])
+
+        def delete(record: JobRecord) -> JobRecord:
+            kept = tuple((k, v) for k, v in record.current_tags() if k not in gone)
+            return dataclasses.replace(record, tags=kept)
+
+        self.service.db.update(name, delete)
+        return {}
+
+    def list_tags(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = self._tagged_job("ListTags", params)
+        limit = params.get("MaxResults", _MAX_TAGS)
+        token = _string(params, "NextToken")
+        offset = _decode_token(token) if token else 0
+        tags = self.service.db.get(name).current_tags()
+        out: dict[str, Any] = {
+            "Tags": [{"Key": k, "Value": v} for k, v in tags[offset : offset + limit]]
+        }
+        if offset + limit < len(tags):
+            out["NextToken"] = _encode_token(offset + limit)
+        return out
 
     def list_training_jobs(self, params: dict[str, Any]) -> dict[str, Any]:
         limit = params.get("MaxResults", 10)
