@@ -14,6 +14,7 @@ of the job that holds the name.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import sys
 from collections.abc import Callable
@@ -37,6 +38,7 @@ __all__ = [
 DEFAULT_ROLE = "arn:aws:iam::000000000000:role/trainport"
 DEFAULT_BUCKET = "trainport"
 SCRIPT_IMAGE = "trainport/python"
+DEFAULT_INSTANCE_TYPE = "ml.m5.large"
 
 
 def _load_file(path: Path) -> dict[str, Any]:
@@ -124,8 +126,11 @@ def build_request(
         request.setdefault(
             "OutputDataConfig", {"S3OutputPath": output or f"s3://{DEFAULT_BUCKET}/output"}
         )
+        # A real instance type, so that the SageMaker SDK can attach to the job: it takes
+        # "local" only with a LocalSession. "local" is still accepted when given.
         request.setdefault(
-            "ResourceConfig", {"InstanceType": "local", "InstanceCount": 1, "VolumeSizeInGB": 1}
+            "ResourceConfig",
+            {"InstanceType": DEFAULT_INSTANCE_TYPE, "InstanceCount": 1, "VolumeSizeInGB": 1},
         )
     elif output:
         request.setdefault("OutputDataConfig", {})["S3OutputPath"] = output
@@ -155,6 +160,8 @@ def build_request(
         # Quoted as the SageMaker SDK writes them; trainport and the toolkit both decode.
         hyper["sagemaker_program"] = json.dumps(entry_point)
         hyper["sagemaker_submit_directory"] = json.dumps(str(target))
+        # The SDK writes it too, and its framework estimators' attach decode it.
+        hyper.setdefault("sagemaker_container_log_level", json.dumps(logging.INFO))
         algo.setdefault("TrainingImage", SCRIPT_IMAGE)
     if channel_pairs:
         configs = request.setdefault("InputDataConfig", [])

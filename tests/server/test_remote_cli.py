@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from tests.server.conftest import TRAIN, job, wait_for
@@ -26,3 +27,24 @@ def test_describe_through_the_server_prints_json(server: Any, sm: Any) -> None:
     # Timestamps print as epoch seconds, as they do without a server.
     assert isinstance(described["CreationTime"], float)
     assert isinstance(described["SecondaryStatusTransitions"][0]["StartTime"], float)
+
+
+def test_a_job_from_trainport_run_has_a_real_instance_type(
+    server: Any, sm: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    done = tp(
+        "--endpoint",
+        server.url,
+        "run",
+        "--name",
+        "cli-made",
+        "--entry-point",
+        str(tmp_path / "train.py"),
+        "--detach",
+    )
+    assert done.returncode == 0, done.stderr
+    described = wait_for(sm, "cli-made")
+    # The SageMaker SDK attaches to a job only with an instance type it knows.
+    assert described["ResourceConfig"]["InstanceType"] == "ml.m5.large"
+    assert described["HyperParameters"]["sagemaker_container_log_level"] == "20"
