@@ -41,6 +41,10 @@ class Settings:
     # The server (``trainport server``) and clients of it.
     endpoint: str | None = None  # TRAINPORT_ENDPOINT: CLI commands go to this server
     server_keys: tuple[tuple[str, str], ...] = ()  # TRAINPORT_SERVER_KEYS: "AKID:SECRET,..."
+    # TRAINPORT_SERVER_EXTRA_KEYS: more key pairs the server accepts besides its own (from
+    # TRAINPORT_SERVER_KEYS or its key file), such as the S3 credentials the SageMaker SDK
+    # also signs its CloudWatch Logs requests with.
+    server_extra_keys: tuple[tuple[str, str], ...] = ()
     max_concurrent_jobs: int = 2  # TRAINPORT_MAX_CONCURRENT_JOBS
     # TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1: the server accepts jobs under the process
     # runner, which isolates nothing (any client with a key could then read the keys).
@@ -75,13 +79,13 @@ class Settings:
         return self.home / "server" / "keys.json"
 
 
-def _server_keys(raw: str) -> tuple[tuple[str, str], ...]:
+def _server_keys(raw: str, name: str = "TRAINPORT_SERVER_KEYS") -> tuple[tuple[str, str], ...]:
     keys = []
     for item in raw.split(","):
         key_id, sep, secret = item.strip().partition(":")
         if not sep or not key_id or not secret:
             raise ValidationError(
-                "TRAINPORT_SERVER_KEYS: write each key as ACCESS_KEY_ID:SECRET, comma-separated"
+                f"{name}: write each key as ACCESS_KEY_ID:SECRET, comma-separated"
             )
         keys.append((key_id, secret))
     return tuple(keys)
@@ -131,6 +135,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         endpoint=env.get("TRAINPORT_ENDPOINT") or None,
         server_keys=_server_keys(env["TRAINPORT_SERVER_KEYS"])
         if env.get("TRAINPORT_SERVER_KEYS")
+        else (),
+        server_extra_keys=_server_keys(
+            env.get("TRAINPORT_SERVER_EXTRA_KEYS") or "", "TRAINPORT_SERVER_EXTRA_KEYS"
+        )
+        if env.get("TRAINPORT_SERVER_EXTRA_KEYS")
         else (),
         max_concurrent_jobs=_positive(env, "TRAINPORT_MAX_CONCURRENT_JOBS", 2),
         server_allow_process_runner=_flag(env, "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER"),

@@ -8,7 +8,8 @@ now are all refused. The canonical form follows the published SigV4 algorithm, w
 what botocore's ``SigV4Auth`` produces.
 
 Keys: ``TRAINPORT_SERVER_KEYS`` (``AKID:SECRET,...``) when set; otherwise the key file
-``$TRAINPORT_HOME/server/keys.json``, created with one new key pair on first start.
+``$TRAINPORT_HOME/server/keys.json``, created with one new key pair on first start (its
+``AccessKeys`` list may hold more). ``TRAINPORT_SERVER_EXTRA_KEYS`` adds pairs to either.
 """
 
 from __future__ import annotations
@@ -61,7 +62,17 @@ def _new_key() -> AccessKey:
 
 
 def load_or_create_keys(settings: Settings) -> tuple[list[AccessKey], AccessKey | None]:
-    """The keys the server accepts, and the key pair created just now (None if none was)."""
+    """The keys the server accepts, its own first (the dashboard's token derives from the
+    first), then ``TRAINPORT_SERVER_EXTRA_KEYS``; and the key pair created just now (None
+    if none was)."""
+    own, created = _own_keys(settings)
+    # An extra pair never replaces the secret of one of the server's own key ids.
+    ids = {k.key_id for k in own}
+    extra = [AccessKey(k, s) for k, s in settings.server_extra_keys if k not in ids]
+    return own + extra, created
+
+
+def _own_keys(settings: Settings) -> tuple[list[AccessKey], AccessKey | None]:
     if settings.server_keys:
         return [AccessKey(k, s) for k, s in settings.server_keys], None
     path = settings.server_keys_path
