@@ -53,8 +53,8 @@ class ServerConfig:
     scheduler_interval: float = 0.5
     # Seconds a connection may wait idle for its next request, and a request may take to
     # arrive once its first line has: past them the connection is closed.
-    idle_timeout: float = 60.0
-    request_timeout: float = 30.0
+    idle_timeout: float = 30.0
+    request_timeout: float = 15.0
 
 
 def _ping(params: dict[str, Any]) -> dict[str, Any]:
