@@ -20,7 +20,7 @@ from trainport.server.sigv4 import SigV4Verifier
 
 @pytest.fixture
 def quick_server(server_home: Any) -> Iterator[Any]:
-    srv = start_server(idle_timeout=0.5, request_timeout=0.5)
+    srv = start_server(idle_timeout=2, request_timeout=1)
     yield srv
     srv.close()
 
