@@ -472,3 +472,40 @@ def test_a_server_refuses_the_process_runner_unless_its_operator_allows_it(
         refusing.create(python_job("unisolated", "print(1)"), runner="process")
     assert load_settings({"TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER": "1"}).server_allow_process_runner
     assert not load_settings({}).server_allow_process_runner
+
+
+LEAVES_A_CHILD = """
+import subprocess, sys
+# A child in a session of its own, holding the job's output open: it must not keep the job
+# alive once the training process has ended (a container ends with its main process).
+subprocess.Popen(["sleep", sys.argv[1]], start_new_session=True)
+print("main process done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("runner", ["unshare", "bwrap", "process"])
+def test_a_job_ends_with_its_training_process_whatever_it_left_running(
+    home: Path, service: JobService, runner: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    marker = f"{1000 + os.getpid() % 1000}.{len(runner)}7"  # an argument only this test uses
+    if runner != "process":
+        require(sandbox_module.sandbox_problem() is None, "no sandbox here")
+        monkeypatch.setenv("TRAINPORT_SANDBOX", runner)
+        sandbox_module._probe.cache_clear()
+    body = python_job(f"leaves-{runner}", LEAVES_A_CHILD)
+    body["AlgorithmSpecification"]["ContainerEntrypoint"].append(marker)
+    service.create(body, runner="process" if runner == "process" else "sandbox")
+    try:
+        record = wait_for(service, f"leaves-{runner}", timeout=60)
+        assert record.status == "Completed", record.failure_reason
+        assert "main process done" in lines(service, f"leaves-{runner}")
+        if runner != "process":  # the sandbox takes everything it ran down with it
+            wait_until(
+                lambda: subprocess.run(["pgrep", "-f", f"sleep {marker}"]).returncode != 0,
+                timeout=10,
+                what="the sandbox's leftover process gone",
+            )
+    finally:
+        subprocess.run(["pkill", "-f", f"sleep {marker}"])

@@ -12,11 +12,12 @@ import contextlib
 import functools
 import logging
 import os
+import select
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -88,6 +89,33 @@ class HostPlan:
 
 
 TORCHRUN_PORT = 7777
+# After the training process and its group are gone, how long its output may still flow.
+_OUTPUT_DRAIN_SECONDS = 2.0
+_MAX_LINE = 1 << 20
+
+
+def _output_lines(stream: IO[bytes], ended: threading.Event) -> Iterator[bytes]:
+    """The command's output, line by line, until EOF, or once ``ended`` is set, until
+    nothing more is waiting (whoever still holds the pipe open is not waited for)."""
+    fd = stream.fileno()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            if ended.is_set():
+                break
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from (line + b"\n" for line in lines)
+        if len(pending) > _MAX_LINE:  # a "line" that never ends is logged in pieces
+            yield pending + b"\n"
+            pending = b""
+    if pending:
+        yield pending
 
 
 class _Stopped(Exception):
@@ -562,7 +590,14 @@ class HostAgent:
                 daemon=True,
             )
             syncer.start()
-        self._pump_logs(process)
+        # The job ends when its training process does, as a container does: not when every
+        # holder of its output has let go (a child that left the process group, or a
+        # sandbox's init still reaping one, may hold it for ever).
+        ended = threading.Event()
+        pump = threading.Thread(
+            target=self._pump_logs, args=(process, ended), name="log-pump", daemon=True
+        )
+        pump.start()
         code = process.wait()
         # Children the training process left behind (a DataLoader worker, a shell's job)
         # still hold the group: give them the same grace, then end them.
@@ -572,6 +607,9 @@ class HostAgent:
             while process.group_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
             process.signal(KILL)
+        pump.join(timeout=_OUTPUT_DRAIN_SECONDS)
+        ended.set()  # what is left to read is read; a pipe still held open is let go
+        pump.join()
         done.set()
         if syncer is not None:
             syncer.join()
@@ -586,7 +624,7 @@ class HostAgent:
             except TrainportError as exc:
                 log.warning("checkpoint sync failed (will retry): %s", exc)
 
-    def _pump_logs(self, process: HostProcess) -> None:
+    def _pump_logs(self, process: HostProcess, ended: threading.Event) -> None:
         """Copy the job's output into its log with timestamps, and parse metrics."""
         lost = 0  # lines that could not be written (a full disk)
         # Unbuffered: a write that fails leaves nothing behind to fail again at close.
@@ -608,7 +646,7 @@ class HostAgent:
                 elsewhere[host].flush()
                 return False
 
-            for raw in iter(process.stdout.readline, b""):
+            for raw in _output_lines(process.stdout, ended):
                 now = time.time()
                 routed = self._demux.feed(raw) if self._demux else [(None, raw)]
                 for host, text in routed:
