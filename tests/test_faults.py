@@ -1,4 +1,4 @@
-"""What an adversarial probe broke (issue 12): same-name submissions, hostile metric
+"""What an adversarial probe broke: same-name submissions, hostile metric
 regexes, a full disk, a killed supervisor's mounts and archives, reconcile racing the queue,
 checkpoint folder markers. Real CLI processes, real signals, moto over HTTP for S3."""
 

@@ -1,5 +1,5 @@
 """A MetricDefinitions Regex that cannot compile is refused by CreateTrainingJob itself,
-naming its field, as a ValidationException; nothing is stored (issue 12, item 3)."""
+naming its field, as a ValidationException; nothing is stored."""
 
 from __future__ import annotations
 
