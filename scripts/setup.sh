@@ -2,7 +2,7 @@
 # Set up trainport on a fresh machine: system packages (as root, via apt-get), a virtual
 # environment in .venv, and trainport with its extras. Idempotent: re-running is cheap.
 #   scripts/setup.sh          runtime + PyTorch (for the demo)
-#   scripts/setup.sh --test   also the test and check tools
+#   scripts/setup.sh --test   also the test and check tools, and .venv-sdk3 (SageMaker SDK v3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,4 +45,21 @@ fi
 # Horovod for the MPI tests: built from source for this torch, cached by its inputs.
 if [ "${1:-}" = "--test" ]; then
   .venv/bin/python -c 'import horovod.torch' 2>/dev/null || scripts/build-horovod.sh >&2
+fi
+# The SageMaker Python SDK v3, for docs/sagemaker-sdk.md's ModelTrainer example: it cannot
+# share .venv with v2, so it has a venv of its own, keyed by its own stamp (the
+# requirement and the Python): other edits to this script do not reinstall it.
+if [ "${1:-}" = "--test" ]; then
+  sdk3_requirement="sagemaker>=3,<4"
+  if [ ! -x .venv-sdk3/bin/python ]; then
+    "$python" -m venv .venv-sdk3
+  fi
+  sdk3_key=$(printf '%s %s' "$sdk3_requirement" "$(.venv-sdk3/bin/python --version)" | sha256sum)
+  sdk3_stamp=".venv-sdk3/.trainport-sdk3-$(echo "$sdk3_key" | cut -c1-16)"
+  if [ ! -e "$sdk3_stamp" ]; then
+    echo "installing $sdk3_requirement into .venv-sdk3" >&2
+    .venv-sdk3/bin/python -m pip install -q "$sdk3_requirement"
+    rm -f .venv-sdk3/.trainport-sdk3-*
+    touch "$sdk3_stamp"
+  fi
 fi

@@ -1,9 +1,10 @@
-"""docs/sagemaker-sdk.md, run: the SageMaker Python SDK (v2) against a real trainport server
-on 127.0.0.1, with moto's S3 server as the S3 endpoint both share.
+"""docs/sagemaker-sdk.md, run: the SageMaker Python SDK against a real trainport server on
+127.0.0.1, with moto's S3 server as the S3 endpoint both share.
 
 Each test runs the page's session example and one more in a fresh interpreter, with the
 environment the page tells users to export (every endpoint on 127.0.0.1, telemetry off),
-in a folder holding the page's training scripts.
+in a folder holding the page's training scripts. v2 is this venv's; v3's ModelTrainer
+example runs with the interpreter of ``.venv-sdk3`` (made by ``scripts/setup.sh --test``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import require
-from tests.server.conftest import start_server
+from tests.server.conftest import client, start_server
+from trainport.runners.sandbox import sandbox_problem
 
 pytestmark = pytest.mark.slow
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "sagemaker-sdk.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "sagemaker-sdk.md"
+SDK3_PYTHON = ROOT / ".venv-sdk3" / "bin" / "python"
 S3_KEY, S3_SECRET = "testing", "testing"  # moto's; the server accepts them as extra keys
 
 
@@ -48,6 +52,25 @@ def sdk_server(
         importlib.util.find_spec("sagemaker") is not None,
         "the SageMaker Python SDK is not installed (scripts/setup.sh --test installs it)",
     )
+    yield from _serve(moto_endpoint, monkeypatch)
+
+
+@pytest.fixture
+def sdk3_server(
+    server_home: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Any]:
+    require(
+        SDK3_PYTHON.exists(),
+        f"the SageMaker Python SDK v3 is not installed in {SDK3_PYTHON.parent.parent} "
+        "(scripts/setup.sh --test makes it)",
+    )
+    # ModelTrainer's driver has its paths fixed under /opt/ml: only the sandbox has them.
+    problem = sandbox_problem()
+    require(problem is None, f"no sandbox for ModelTrainer's /opt/ml paths: {problem}")
+    yield from _serve(moto_endpoint, monkeypatch)
+
+
+def _serve(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # The server's store is the S3 endpoint the SDK uploads to, and it accepts the S3 key
     # pair the SDK signs its logs client with.
     monkeypatch.setenv("TRAINPORT_STORE", "s3")
@@ -83,12 +106,18 @@ def _sdk_env(server: Any, moto_endpoint: str, workdir: Path) -> dict[str, str]:
     return {**env, **wanted}
 
 
-def _run(server: Any, moto_endpoint: str, tmp_path: Path, *examples: str) -> str:
-    """Run the session example and ``examples`` in one fresh interpreter; its output."""
+def _workdir(tmp_path: Path) -> Path:
+    """A folder holding the page's training scripts."""
     workdir = tmp_path / "work"
     for name, text in _blocks("file").items():
         (workdir / name).parent.mkdir(parents=True, exist_ok=True)
         (workdir / name).write_text(text)
+    return workdir
+
+
+def _run(server: Any, moto_endpoint: str, tmp_path: Path, *examples: str) -> str:
+    """Run the session example and ``examples`` in one fresh interpreter; its output."""
+    workdir = _workdir(tmp_path)
     code = "\n".join(_blocks("example")[name] for name in ("session", *examples))
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -157,3 +186,30 @@ def test_attach_to_a_job_from_trainport_run(
     assert attached.returncode == 0, attached.stdout[-4000:] + attached.stderr[-4000:]
     assert "trained by the CLI" in attached.stdout
     assert "attached: s3://" in attached.stdout and "pytorch: s3://" in attached.stdout
+
+
+def test_v3_model_trainer_prints_the_log(
+    sdk3_server: Any, moto_endpoint: str, tmp_path: Path
+) -> None:
+    workdir = _workdir(tmp_path)
+    env = {**_sdk_env(sdk3_server, moto_endpoint, workdir), "SAGEMAKER_VALIDATE_ROLE": "false"}
+    done = subprocess.run(
+        [str(SDK3_PYTHON), "-c", _blocks("example")["modeltrainer"]],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-8000:]
+    jobs = client(sdk3_server).list_training_jobs()["TrainingJobSummaries"]
+    assert [j["TrainingJobStatus"] for j in jobs] == ["Completed"], jobs
+    name = jobs[0]["TrainingJobName"]
+    # train(logs=True) logged each line of the job's log (to stderr, by the example's
+    # logging.basicConfig), under the name of the job's stream, once.
+    assert f"{name}/algo-1-" in done.stderr, out[-8000:]
+    for line in ("epoch 0 loss=1.000", "epoch 1 loss=0.500", "epoch 2 loss=0.333"):
+        assert done.stderr.count(line) == 1, out[-8000:]
+    # Telemetry is off: with it on, v3 logs how to opt out the first time it reports.
+    assert "opt out of telemetry" not in out
