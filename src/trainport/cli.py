@@ -172,6 +172,17 @@ def cli(verbose: bool, endpoint: str | None) -> None:
     )
 
 
+# Where the job's code runs; said the same way by every command that starts a job.
+_runner_option = click.option(
+    "--runner",
+    type=click.Choice(["auto", "sandbox", "process"]),
+    default=None,
+    help="sandbox: the job sees only its own /opt/ml; process: NO isolation, the job can read "
+    "and change all that you can (TRAINPORT_HOME included), for trusted code only; auto: the "
+    "sandbox where this machine can make one.",
+)
+
+
 @cli.command()
 @click.argument("job_file", required=False, type=click.Path(path_type=Path))
 @click.option("--name", help="TrainingJobName (default: from the file, or generated).")
@@ -195,14 +206,7 @@ def cli(verbose: bool, endpoint: str | None) -> None:
 )
 @click.option("--mpi-options", metavar="OPTIONS", help="Extra mpirun options (with --mpi).")
 @click.option("--processes-per-host", type=int, help="Processes per host for --torchrun or --mpi.")
-@click.option(
-    "--runner",
-    type=click.Choice(["auto", "sandbox", "process"]),
-    default=None,
-    help="sandbox: the job sees only its own /opt/ml; process: NO isolation, the job can read "
-    "and change all that you can (TRAINPORT_HOME included), for trusted code only; auto: the "
-    "sandbox where this machine can make one.",
-)
+@_runner_option
 @click.option("--detach", is_flag=True, help="Return once the job is submitted.")
 @_handle_errors
 def run(
@@ -369,14 +373,7 @@ def logs(name: str, follow: bool, timestamps: bool, host: str) -> None:
 
 @cli.command()
 @click.option("--epochs", default=5, show_default=True)
-@click.option(
-    "--runner",
-    type=click.Choice(["auto", "sandbox", "process"]),
-    default=None,
-    help="sandbox: the job sees only its own /opt/ml; process: NO isolation, the job can read "
-    "and change all that you can (TRAINPORT_HOME included), for trusted code only; auto: the "
-    "sandbox where this machine can make one.",
-)
+@_runner_option
 @_handle_errors
 def demo(epochs: int, runner: str | None) -> None:
     """Train a small PyTorch model on a generated dataset, on this machine."""
