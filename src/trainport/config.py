@@ -162,3 +162,10 @@ def _positive(env: dict[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         raise ValidationError(f"{name}={raw!r} must be a positive integer")
     return int(raw)
+
+
+def container_engine_setting(env: dict[str, str] | None = None) -> str:
+    """TRAINPORT_CONTAINER_ENGINE: auto (podman, else docker whose daemon answers), none,
+    or an engine's name or path."""
+    env = dict(os.environ if env is None else env)
+    return env.get("TRAINPORT_CONTAINER_ENGINE", "auto").strip() or "auto"

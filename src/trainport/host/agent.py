@@ -40,6 +40,7 @@ from trainport.host.metrics import MetricMatcher
 from trainport.jobs.records import MetricPoint
 from trainport.jobs.status import Event, Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
+from trainport.runners.container import ContainerRunner
 from trainport.spec import JobSpec
 from trainport.store.api import ObjectStore, S3Uri
 
@@ -397,6 +398,13 @@ class HostAgent:
         if "CUDA_VISIBLE_DEVICES" not in spec.environment:  # the request's own choice wins
             env.update(share.environment())
         how = commands.check_runnable(spec)
+        if how == "container":
+            engine = commands.container_engine(spec)
+            assert engine is not None  # check_runnable found it
+            self._notes.append(f"running image {spec.training_image} in {engine}")
+            return commands.container_command(
+                spec, engine, self.plan.host, self.plan.arn, share.devices
+            )
         if how != "script":
             return commands.plain_command(spec, env, f"{base_dir}/code")
         from trainport.host import script_mode
@@ -576,7 +584,8 @@ class HostAgent:
         with self._lock:
             if self._stop.is_set():
                 raise _Stopped
-            process = self.runner.start(placement)
+            runner = ContainerRunner(cmd.container) if cmd.container else self.runner
+            process = runner.start(placement)
             self._process = process
         self.on_started(process.pgid)
         log.info("host %s started %s (process group %d)", self.plan.host, cmd.argv, process.pgid)

@@ -14,9 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainport.errors import ValidationError
+from trainport.runners.container import ContainerJob, safe_name
 from trainport.spec import JobSpec
 
-__all__ = ["Command", "check_runnable", "image_dir", "plain_command"]
+__all__ = [
+    "Command",
+    "check_runnable",
+    "container_command",
+    "container_engine",
+    "image_dir",
+    "plain_command",
+]
 
 SCRIPT_MODE_KEYS = ("sagemaker_program", "sagemaker_submit_directory")
 
@@ -26,6 +34,8 @@ class Command:
     argv: tuple[str, ...]
     cwd: str
     env: dict[str, str]
+    # Set when the job's image runs in a container engine instead of the host's runner.
+    container: ContainerJob | None = None
 
 
 def image_dir(spec: JobSpec) -> Path | None:
@@ -40,9 +50,36 @@ def is_script_mode(spec: JobSpec) -> bool:
     return all(k in spec.hyperparameters for k in SCRIPT_MODE_KEYS)
 
 
+def container_engine(spec: JobSpec) -> str | None:
+    """The engine that will run the job's TrainingImage as a container, or None.
+
+    An image the engine has always runs in it. One it lacks is pulled only for a job that
+    has no other way to run (no ContainerEntrypoint, not script mode): those kept today's
+    meaning, where a framework image's reference stands for trainport's script mode.
+    """
+    from trainport.config import container_engine_setting
+    from trainport.runners import container
+
+    if not spec.training_image or image_dir(spec) is not None:
+        return None
+    engine = container.find_engine(container_engine_setting())
+    if engine is None:
+        return None
+    if container.image_present(engine, spec.training_image):
+        return engine
+    if spec.entrypoint or is_script_mode(spec):
+        return None
+    container.pull_image(engine, spec.training_image)
+    return engine
+
+
 def check_runnable(spec: JobSpec) -> str:
-    """How the job will run ("entrypoint" | "image" | "script"), or a clear error now."""
+    """How the job will run ("container" | "entrypoint" | "image" | "script"), or a clear
+    error now."""
     from trainport.host import mpi
+
+    if container_engine(spec) is not None:
+        return "container"
 
     if mpi.mpi_settings(spec) is not None:
         script = is_script_mode(spec)
@@ -78,9 +115,35 @@ def check_runnable(spec: JobSpec) -> str:
         )
     raise ValidationError(
         f"AlgorithmSpecification.TrainingImage {spec.training_image!r} is not a local folder "
-        "with an executable 'train', and trainport runs no container engine; give "
-        "ContainerEntrypoint, an image folder, or use script mode (--entry-point)"
+        "with an executable 'train', and no container engine (podman, or docker with its "
+        "daemon running) was found; install one, give ContainerEntrypoint, an image "
+        "folder, or use script mode (--entry-point)"
     )
+
+
+def container_command(
+    spec: JobSpec, engine: str, host: str, arn: str, gpu_devices: tuple[str, ...]
+) -> Command:
+    """The command of a job whose image runs in ``engine``: its environment is the
+    request's and the contract's only, never the machine's (the image has its own PATH).
+    The engine exposes only this host's GPUs, numbered from 0 inside, so
+    CUDA_VISIBLE_DEVICES is left to the request."""
+    env = {
+        **spec.environment,
+        "TRAINING_JOB_NAME": spec.name,
+        "TRAINING_JOB_ARN": arn,
+    }
+    job = ContainerJob(
+        engine=engine,
+        image=spec.training_image or "",
+        name=safe_name(spec.name, host),
+        host=host,
+        env=env,
+        entrypoint=spec.entrypoint,
+        arguments=spec.arguments,
+        gpu_devices=gpu_devices,
+    )
+    return Command((spec.training_image or "", "train"), "/", env, container=job)
 
 
 def plain_command(spec: JobSpec, env: dict[str, str], code_dir: str) -> Command:

@@ -1,0 +1,239 @@
+"""The container runner: a job's OCI image run by podman (or docker), ``image train``.
+
+The decision (what is mounted, which namespaces and engine flags) is ``container_argv``,
+a pure function of a ``ContainerJob`` and the host's ``Placement``; starting, signalling
+and handing the files back happen at the edge, in ``ContainerRunner`` and
+``ContainerProcess``.
+
+What is mounted: SageMaker's subfolders of ``/opt/ml`` (input, model, output, checkpoints),
+not the whole tree. Seed 000 reserves ``/opt/ml`` but images commonly keep their code in
+``/opt/ml/code`` (SAGEMAKER_PROGRAM names a file there); mounting the whole tree would hide
+it, mounting the subfolders keeps it while the job still sees every path of the contract.
+
+Signals: the attached ``podman run`` is a client; killing it does not end the container.
+So TERM and KILL go to the container through the engine's ``kill``, and the agent's grace
+period between them is what ``stop -t`` would give.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainport.errors import SandboxError, ValidationError
+from trainport.runners.api import HostProcess, Placement, Runner
+
+__all__ = [
+    "ContainerJob",
+    "ContainerProcess",
+    "ContainerRunner",
+    "container_argv",
+    "find_engine",
+    "image_present",
+    "is_framework_image",
+    "pull_image",
+    "safe_name",
+]
+
+log = logging.getLogger(__name__)
+
+OPT_ML = "/opt/ml"
+# SageMaker's own folders under /opt/ml; the image keeps whatever else it put there.
+MOUNTED = ("input", "model", "output", "checkpoints")
+# Podman 4.3 on these kernels: crun refuses hybrid cgroups, and the default rlimits are
+# refused; runc and explicit limits work everywhere we tried.
+_PODMAN_FLAGS = (
+    "--runtime",
+    "runc",
+    "--ulimit",
+    "nofile=20000:20000",
+    "--ulimit",
+    "nproc=32768:32768",
+)
+# SageMaker's deep-learning containers live in ECR under these account-scoped names.
+_FRAMEWORK_IMAGE = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/")
+
+
+@dataclass(frozen=True)
+class ContainerJob:
+    """What of the request shapes the container (the rest comes from the Placement)."""
+
+    engine: str  # path of podman or docker
+    image: str
+    name: str  # the container's name: unique per job and host
+    host: str  # algo-k: the container's hostname
+    env: dict[str, str]  # the job's contract only, never the machine's environment
+    entrypoint: tuple[str, ...] = ()
+    arguments: tuple[str, ...] = ()
+    network_isolation: bool = False
+    gpu_devices: tuple[str, ...] = ()  # the machine's GPU indices this host may use
+
+
+def engine_kind(engine: str) -> str:
+    return "docker" if Path(engine).name.startswith("docker") else "podman"
+
+
+def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
+    """The engine command line that runs one host of ``job`` (pure: reads no state)."""
+    argv = [job.engine, "run", "--rm", "--name", job.name, "--hostname", job.host]
+    if engine_kind(job.engine) == "podman":
+        argv += _PODMAN_FLAGS
+    argv += ["--init=false"] if engine_kind(job.engine) == "podman" else []
+    if job.network_isolation:
+        argv += ["--network", "none"]
+    elif placement.netns:
+        argv += ["--network", f"ns:/run/netns/{placement.netns}"]
+    else:
+        # The machine's network with a UTS namespace of its own, so the hostname is algo-k.
+        argv += ["--network", "host", "--uts", "private"]
+    for sub in MOUNTED:
+        argv += ["-v", f"{placement.root / sub}:{OPT_ML}/{sub}"]
+    argv += ["-v", f"{placement.hosts_file}:/etc/hosts:ro"]
+    for key, value in sorted(job.env.items()):
+        argv += ["-e", f"{key}={value}"]
+    if job.gpu_devices:
+        if engine_kind(job.engine) == "docker":
+            argv += ["--gpus", "device=" + ",".join(job.gpu_devices)]
+        else:
+            argv += [f"--device=nvidia.com/gpu={d}" for d in job.gpu_devices]
+    if job.entrypoint:
+        # ContainerEntrypoint replaces ENTRYPOINT; its first word is the program, the rest
+        # and ContainerArguments its arguments.
+        argv += ["--entrypoint", job.entrypoint[0], job.image, *job.entrypoint[1:]]
+        argv += list(job.arguments)
+    elif job.arguments:
+        argv += [job.image, *job.arguments]
+    else:
+        argv += [job.image, "train"]
+    return argv
+
+
+class ContainerProcess(HostProcess):
+    """A running container: signals go through the engine, and when it ends the files
+    it wrote are handed back to the platform's user."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], job: ContainerJob, root: Path) -> None:
+        super().__init__(popen, popen.pid)
+        self.job = job
+        self.root = root
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is not None:
+            return
+        subprocess.run(
+            [self.job.engine, "kill", "--signal", str(int(sig)), self.job.name],
+            capture_output=True,
+            check=False,
+        )
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self._own_files()
+        return code
+
+    def group_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _own_files(self) -> None:
+        """Rootless podman: files a non-root image user wrote belong to a sub-uid the
+        platform cannot upload or remove; map them back to this user."""
+        if os.geteuid() == 0 or engine_kind(self.job.engine) != "podman":
+            return  # root reads and removes whatever the image's user wrote
+        for sub in MOUNTED:
+            path = self.root / sub
+            if path.exists():
+                subprocess.run(
+                    [self.job.engine, "unshare", "chown", "-R", "0:0", str(path)],
+                    capture_output=True,
+                    check=False,
+                )
+
+
+class ContainerRunner(Runner):
+    name = "container"
+
+    def __init__(self, job: ContainerJob) -> None:
+        self.job = job
+
+    def base_dir(self, placement_root: Path) -> str:
+        return OPT_ML
+
+    def start(self, placement: Placement) -> HostProcess:
+        for sub in MOUNTED:
+            (placement.root / sub).mkdir(parents=True, exist_ok=True)
+        argv = container_argv(self.job, placement)
+        log.info("starting container %s from image %s", self.job.name, self.job.image)
+        try:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start {self.job.engine}: {exc}") from exc
+        return ContainerProcess(popen, self.job, placement.root)
+
+
+@functools.cache
+def _docker_runs(docker: str) -> bool:
+    try:
+        return subprocess.run([docker, "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def find_engine(setting: str) -> str | None:
+    """The engine to run images with: ``setting`` ("auto", "none", "podman", "docker" or
+    a path); "auto" is podman on PATH, else docker where its daemon answers."""
+    if setting == "none":
+        return None
+    if setting != "auto":
+        found = shutil.which(setting)
+        if found is None:
+            raise ValidationError(
+                f"TRAINPORT_CONTAINER_ENGINE={setting!r} is not on PATH; install it or set "
+                "auto or none"
+            )
+        return found
+    podman = shutil.which("podman")
+    if podman:
+        return podman
+    docker = shutil.which("docker")
+    return docker if docker and _docker_runs(docker) else None
+
+
+def image_present(engine: str, image: str) -> bool:
+    if engine_kind(engine) == "podman":
+        argv = [engine, "image", "exists", image]
+    else:
+        argv = [engine, "image", "inspect", image]
+    return subprocess.run(argv, capture_output=True, check=False).returncode == 0
+
+
+def pull_image(engine: str, image: str) -> None:
+    """Pull ``image``; an error that names it and quotes the engine when that fails."""
+    done = subprocess.run([engine, "pull", image], capture_output=True, check=False)
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise ValidationError(
+            f"AlgorithmSpecification.TrainingImage {image!r} is not in {engine} and could "
+            f"not be pulled: {said[-1] if said else f'exit {done.returncode}'}"
+        )
+
+
+def is_framework_image(image: str) -> bool:
+    """A SageMaker framework container's ECR reference (trainport can play it itself)."""
+    return bool(_FRAMEWORK_IMAGE.match(image))
+
+
+def safe_name(*parts: str) -> str:
+    """A container name from job and host names (the engine allows [a-zA-Z0-9_.-])."""
+    return re.sub(r"[^a-zA-Z0-9_.-]", "-", "trainport-" + "-".join(parts))

@@ -1,0 +1,147 @@
+"""Jobs whose TrainingImage is an image in the machine's container engine (podman): the
+bring-your-own contract of seed 000 checked inside a real container."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import put, request, require, wait_for, wait_until
+from trainport.errors import ValidationError
+from trainport.jobs.service import JobService
+from trainport.runners.container import find_engine
+
+# A BYO training program that hard-codes /opt/ml, as seed 000's images do.
+TRAIN = r"""#!/bin/sh
+echo "args=$* host=$(hostname) job=$TRAINING_JOB_NAME arn=${TRAINING_JOB_ARN%%:*} foo=$FOO"
+grep -q algo-1 /etc/hosts && echo "algo-1 in hosts"
+ls /opt/ml/input/config
+cat /opt/ml/input/data/training/*.txt > /opt/ml/model/model.txt
+echo "image keeps $(cat /opt/ml/code/kept.txt)"
+case "$MODE" in
+fail) echo "bad hyperparameter" > /opt/ml/output/failure; exit 3 ;;
+wait)
+  trap 'echo got TERM; echo saved > /opt/ml/model/saved.txt; exit 0' TERM
+  echo ready
+  while true; do sleep 0.2; done ;;
+esac
+echo done
+"""
+
+
+def _image_tag(engine: str) -> str:
+    busybox = Path("/bin/busybox")
+    key = hashlib.sha256(TRAIN.encode() + busybox.read_bytes()).hexdigest()[:12]
+    tag = f"localhost/trainport-test-byo:{key}"
+    if subprocess.run([engine, "image", "exists", tag], capture_output=True).returncode == 0:
+        return tag
+    context = Path.home() / ".cache" / "trainport" / "images" / f"byo-{key}"
+    context.mkdir(parents=True, exist_ok=True)
+    shutil.copy(busybox, context / "busybox")
+    (context / "train").write_text(TRAIN)
+    (context / "train").chmod(0o755)
+    (context / "kept.txt").write_text("its code\n")
+    (context / "Containerfile").write_text(
+        "FROM scratch\n"
+        "COPY busybox /bin/busybox\n"
+        'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
+        "COPY train /usr/local/bin/train\n"
+        "COPY kept.txt /opt/ml/code/kept.txt\n"
+        'ENTRYPOINT ["/usr/local/bin/train"]\n'
+    )
+    subprocess.run(
+        [engine, "build", "--runtime", "runc", "-q", "-t", tag, str(context)],
+        check=True,
+        capture_output=True,
+    )
+    return tag
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    engine = shutil.which("podman")
+    require(engine is not None, "podman is not installed (scripts/setup.sh --test)")
+    assert engine is not None
+    require(Path("/bin/busybox").exists(), "busybox-static is not installed")
+    require(os.geteuid() == 0, "these tests run podman as root")
+    return _image_tag(engine)
+
+
+def image_job(name: str, image: str, mode: str = "") -> dict[str, object]:
+    return request(
+        name,
+        AlgorithmSpecification={"TrainingImage": image, "TrainingInputMode": "File"},
+        Environment={"FOO": "bar", "MODE": mode},
+        InputDataConfig=[
+            {
+                "ChannelName": "training",
+                "DataSource": {
+                    "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": f"s3://data/{name}/"}
+                },
+            }
+        ],
+    )
+
+
+def model(home: Path, uri: str) -> dict[str, bytes]:
+    with tarfile.open(home / "store" / uri[len("s3://") :]) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_image_runs_train_with_the_contract_inside(
+    home: Path, service: JobService, image: str
+) -> None:
+    put(home, "data", "byo/a.txt", "hello data\n")
+    service.create(image_job("byo", image))
+    record = wait_for(service, "byo")
+    lines = [line for _, line in service.logs("byo")]
+    assert record.status == "Completed", (record.failure_reason, lines)
+    assert "args=train host=algo-1 job=byo arn=arn foo=bar" in lines
+    assert "algo-1 in hosts" in lines
+    assert {"hyperparameters.json", "inputdataconfig.json", "resourceconfig.json"} <= set(lines)
+    assert "image keeps its code" in lines  # /opt/ml/code of the image is not hidden
+    assert model(home, record.model_artifacts)["model.txt"] == b"hello data\n"
+    assert any("running image" in t.message for t in record.transitions)
+
+
+def test_failure_file_and_exit_code_as_for_other_jobs(
+    home: Path, service: JobService, image: str
+) -> None:
+    put(home, "data", "byo-fail/a.txt", "x\n")
+    service.create(image_job("byo-fail", image, mode="fail"))
+    record = wait_for(service, "byo-fail")
+    assert record.status == "Failed"
+    assert "bad hyperparameter" in (record.failure_reason or "")
+    assert model(home, record.model_artifacts)["model.txt"] == b"x\n"
+
+
+def test_stop_sends_sigterm_into_the_container_and_the_saved_model_is_uploaded(
+    home: Path, service: JobService, image: str
+) -> None:
+    put(home, "data", "byo-stop/a.txt", "x\n")
+    service.create(image_job("byo-stop", image, mode="wait"))
+    wait_until(lambda: "ready" in [line for _, line in service.logs("byo-stop")])
+    service.stop("byo-stop")
+    record = wait_for(service, "byo-stop")
+    assert record.status == "Stopped"
+    assert "got TERM" in [line for _, line in service.logs("byo-stop")]
+    assert model(home, record.model_artifacts)["saved.txt"] == b"saved\n"
+
+
+def test_missing_image_is_pulled_and_the_error_names_it(
+    home: Path, service: JobService, image: str
+) -> None:
+    missing = "registry.invalid/nobody/missing-image:1"
+    with pytest.raises(ValidationError, match="missing-image") as caught:
+        service.create(image_job("byo-missing", missing))
+    assert "could not be pulled" in str(caught.value)
+
+
+def test_engine_setting_none_means_no_engine() -> None:
+    assert find_engine("none") is None
