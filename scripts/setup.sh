@@ -15,6 +15,9 @@ apt_packages="bubblewrap"
 # The tests also need: FUSE (FastFile mode), Chromium (the dashboard, driven by playwright),
 # OpenMPI (MPI jobs; its compiler wrappers and cmake build Horovod, see below).
 [ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium openmpi-bin libopenmpi-dev cmake g++"
+# Container jobs: podman with runc (crun refuses hybrid cgroups), busybox-static for the
+# test images built locally (no registry is reachable).
+[ "${1:-}" = "--test" ] && apt_packages="$apt_packages podman runc busybox-static"
 missing=""
 for p in $apt_packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
