@@ -407,6 +407,10 @@ class HostAgent:
             )
         if how != "script":
             return commands.plain_command(spec, env, f"{base_dir}/code")
+        if spec.training_image:  # say which way was chosen for the framework image
+            self._notes.append(
+                f"script mode: image {spec.training_image} is not in a container engine here"
+            )
         from trainport.host import script_mode
 
         source = S3Uri.parse(

@@ -224,8 +224,10 @@ def pull_image(engine: str, image: str) -> None:
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         raise ValidationError(
-            f"AlgorithmSpecification.TrainingImage {image!r} is not in {engine} and could "
-            f"not be pulled: {said[-1] if said else f'exit {done.returncode}'}"
+            f"AlgorithmSpecification.TrainingImage {image!r} is not a local folder with an "
+            f"executable 'train', nor an image in {engine}, and could not be pulled: "
+            f"{said[-1] if said else f'exit {done.returncode}'}. Build or load the image, "
+            "or use script mode (--entry-point)"
         )
 
 
