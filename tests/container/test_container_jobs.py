@@ -22,7 +22,11 @@ TRAIN = r"""#!/bin/sh
 echo "args=$* host=$(hostname) job=$TRAINING_JOB_NAME arn=${TRAINING_JOB_ARN%%:*} foo=$FOO"
 grep -q algo-1 /etc/hosts && echo "algo-1 in hosts"
 ls /opt/ml/input/config
-cat /opt/ml/input/data/training/*.txt > /opt/ml/model/model.txt
+if [ -p /opt/ml/input/data/training_0 ]; then
+  cat /opt/ml/input/data/training_0 > /opt/ml/model/model.txt
+else
+  cat /opt/ml/input/data/training/*.txt > /opt/ml/model/model.txt
+fi
 echo "image keeps $(cat /opt/ml/code/kept.txt)"
 case "$MODE" in
 fail) echo "bad hyperparameter" > /opt/ml/output/failure; exit 3 ;;
@@ -73,10 +77,10 @@ def image() -> str:
     return _image_tag(engine)
 
 
-def image_job(name: str, image: str, mode: str = "") -> dict[str, object]:
+def image_job(name: str, image: str, mode: str = "", input_mode: str = "File") -> dict[str, object]:
     return request(
         name,
-        AlgorithmSpecification={"TrainingImage": image, "TrainingInputMode": "File"},
+        AlgorithmSpecification={"TrainingImage": image, "TrainingInputMode": input_mode},
         Environment={"FOO": "bar", "MODE": mode},
         InputDataConfig=[
             {
@@ -108,6 +112,21 @@ def test_image_runs_train_with_the_contract_inside(
     assert "image keeps its code" in lines  # /opt/ml/code of the image is not hidden
     assert model(home, record.model_artifacts)["model.txt"] == b"hello data\n"
     assert any("running image" in t.message for t in record.transitions)
+
+
+@pytest.mark.parametrize("input_mode", ["Pipe", "FastFile"])
+def test_pipe_fifos_and_fastfile_mounts_reach_the_container(
+    home: Path, service: JobService, image: str, input_mode: str
+) -> None:
+    if input_mode == "FastFile":
+        require(Path("/dev/fuse").exists(), "FastFile needs FUSE (/dev/fuse)")
+    name = f"byo-{input_mode.lower()}"
+    put(home, "data", f"{name}/a.txt", "streamed\n")
+    service.create(image_job(name, image, input_mode=input_mode))
+    record = wait_for(service, name)
+    lines = [line for _, line in service.logs(name)]
+    assert record.status == "Completed", (record.failure_reason, lines)
+    assert model(home, record.model_artifacts)["model.txt"] == b"streamed\n"
 
 
 def test_failure_file_and_exit_code_as_for_other_jobs(

@@ -1,0 +1,66 @@
+"""The pure decision of the container runner: what an engine is told to mount and run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainport.runners.api import Placement
+from trainport.runners.container import ContainerJob, container_argv
+
+
+def placement(netns: str | None = None) -> Placement:
+    return Placement(
+        root=Path("/jobs/j/hosts/algo-2/opt_ml"),
+        hosts_file=Path("/jobs/j/hosts/algo-2/hosts"),
+        argv=("img", "train"),
+        env={"PATH": "/machine/bin"},
+        cwd="/",
+        netns=netns,
+    )
+
+
+def job(**kw: object) -> ContainerJob:
+    base: dict[str, object] = {
+        "engine": "/usr/bin/podman",
+        "image": "img:1",
+        "name": "trainport-j-algo-2",
+        "host": "algo-2",
+        "env": {"TRAINING_JOB_NAME": "j"},
+    }
+    return ContainerJob(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_sagemaker_subfolders_hosts_file_and_only_the_contract_env() -> None:
+    argv = container_argv(job(), placement())
+    volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+    assert volumes == [
+        "/jobs/j/hosts/algo-2/opt_ml/input:/opt/ml/input",
+        "/jobs/j/hosts/algo-2/opt_ml/model:/opt/ml/model",
+        "/jobs/j/hosts/algo-2/opt_ml/output:/opt/ml/output",
+        "/jobs/j/hosts/algo-2/opt_ml/checkpoints:/opt/ml/checkpoints",
+        "/jobs/j/hosts/algo-2/hosts:/etc/hosts:ro",
+    ]
+    assert "TRAINING_JOB_NAME=j" in argv and not any(a.startswith("PATH=") for a in argv)
+    assert argv[argv.index("--hostname") + 1] == "algo-2"
+    assert argv[argv.index("--runtime") + 1] == "runc"
+    assert argv[-2:] == ["img:1", "train"]
+
+
+def test_entrypoint_and_arguments_override_as_in_sagemaker() -> None:
+    argv = container_argv(
+        job(entrypoint=("python3", "-u", "t.py"), arguments=("--lr", "1")), placement()
+    )
+    i = argv.index("--entrypoint")
+    assert argv[i:] == ["--entrypoint", "python3", "img:1", "-u", "t.py", "--lr", "1"]
+    assert container_argv(job(arguments=("serve",)), placement())[-2:] == ["img:1", "serve"]
+
+
+def test_network_namespace_isolation_and_gpus() -> None:
+    argv = container_argv(job(), placement(netns="tp-j-algo-2"))
+    assert argv[argv.index("--network") + 1] == "ns:/run/netns/tp-j-algo-2"
+    argv = container_argv(job(network_isolation=True), placement(netns="tp-j-algo-2"))
+    assert argv[argv.index("--network") + 1] == "none"
+    argv = container_argv(job(gpu_devices=("1", "2")), placement())
+    assert "--device=nvidia.com/gpu=1" in argv and "--device=nvidia.com/gpu=2" in argv
+    docker = container_argv(job(engine="/usr/bin/docker", gpu_devices=("1",)), placement())
+    assert docker[docker.index("--gpus") + 1] == "device=1" and "--runtime" not in docker
