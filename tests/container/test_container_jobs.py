@@ -110,7 +110,7 @@ def test_image_runs_train_with_the_contract_inside(
     assert "algo-1 in hosts" in lines
     assert {"hyperparameters.json", "inputdataconfig.json", "resourceconfig.json"} <= set(lines)
     assert "image keeps its code" in lines  # /opt/ml/code of the image is not hidden
-    assert model(home, record.model_artifacts)["model.txt"] == b"hello data\n"
+    assert model(home, str(record.model_artifacts))["model.txt"] == b"hello data\n"
     assert any("running image" in t.message for t in record.transitions)
 
 
@@ -126,7 +126,7 @@ def test_pipe_fifos_and_fastfile_mounts_reach_the_container(
     record = wait_for(service, name)
     lines = [line for _, line in service.logs(name)]
     assert record.status == "Completed", (record.failure_reason, lines)
-    assert model(home, record.model_artifacts)["model.txt"] == b"streamed\n"
+    assert model(home, str(record.model_artifacts))["model.txt"] == b"streamed\n"
 
 
 def test_failure_file_and_exit_code_as_for_other_jobs(
@@ -137,7 +137,7 @@ def test_failure_file_and_exit_code_as_for_other_jobs(
     record = wait_for(service, "byo-fail")
     assert record.status == "Failed"
     assert "bad hyperparameter" in (record.failure_reason or "")
-    assert model(home, record.model_artifacts)["model.txt"] == b"x\n"
+    assert model(home, str(record.model_artifacts))["model.txt"] == b"x\n"
 
 
 def test_stop_sends_sigterm_into_the_container_and_the_saved_model_is_uploaded(
@@ -150,7 +150,7 @@ def test_stop_sends_sigterm_into_the_container_and_the_saved_model_is_uploaded(
     record = wait_for(service, "byo-stop")
     assert record.status == "Stopped"
     assert "got TERM" in [line for _, line in service.logs("byo-stop")]
-    assert model(home, record.model_artifacts)["saved.txt"] == b"saved\n"
+    assert model(home, str(record.model_artifacts))["saved.txt"] == b"saved\n"
 
 
 def test_missing_image_is_pulled_and_the_error_names_it(
