@@ -27,7 +27,7 @@ def job(**kw: object) -> ContainerJob:
         "host": "algo-2",
         "env": {"TRAINING_JOB_NAME": "j"},
     }
-    return ContainerJob(**{**base, **kw})  # type: ignore[arg-type]
+    return ContainerJob(**{**base, **kw})
 
 
 def test_sagemaker_subfolders_hosts_file_and_only_the_contract_env() -> None:

@@ -39,9 +39,10 @@ echo done
 """
 
 
-def _image_tag(engine: str) -> str:
+def _image_tag(engine: str, user: str = "") -> str:
     busybox = Path("/bin/busybox")
-    key = hashlib.sha256(TRAIN.encode() + busybox.read_bytes()).hexdigest()[:12]
+    inputs = TRAIN.encode() + user.encode() + busybox.read_bytes()
+    key = hashlib.sha256(inputs).hexdigest()[:12]
     tag = f"localhost/trainport-test-byo:{key}"
     if subprocess.run([engine, "image", "exists", tag], capture_output=True).returncode == 0:
         return tag
@@ -57,7 +58,8 @@ def _image_tag(engine: str) -> str:
         'RUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
         "COPY train /usr/local/bin/train\n"
         "COPY kept.txt /opt/ml/code/kept.txt\n"
-        'ENTRYPOINT ["/usr/local/bin/train"]\n'
+        + (f"USER {user}\n" if user else "")
+        + 'ENTRYPOINT ["/usr/local/bin/train"]\n'
     )
     subprocess.run(
         [engine, "build", "--runtime", "runc", "-q", "-t", tag, str(context)],
@@ -127,6 +129,20 @@ def test_pipe_fifos_and_fastfile_mounts_reach_the_container(
     lines = [line for _, line in service.logs(name)]
     assert record.status == "Completed", (record.failure_reason, lines)
     assert model(home, str(record.model_artifacts))["model.txt"] == b"streamed\n"
+
+
+def test_files_of_an_image_running_as_another_user_are_uploaded_and_removable(
+    home: Path, service: JobService, image: str
+) -> None:
+    podman = shutil.which("podman")
+    assert podman is not None
+    other = _image_tag(podman, user="1234:1234")
+    put(home, "data", "byo-user/a.txt", "mine\n")
+    service.create(image_job("byo-user", other, mode="fail"))
+    record = wait_for(service, "byo-user")
+    assert record.status == "Failed" and "bad hyperparameter" in (record.failure_reason or "")
+    assert model(home, str(record.model_artifacts))["model.txt"] == b"mine\n"
+    shutil.rmtree(home / "jobs" / "byo-user")  # what the next job's clean-up does
 
 
 def test_failure_file_and_exit_code_as_for_other_jobs(

@@ -166,7 +166,12 @@ class ContainerRunner(Runner):
 
     def start(self, placement: Placement) -> HostProcess:
         for sub in MOUNTED:
-            (placement.root / sub).mkdir(parents=True, exist_ok=True)
+            path = placement.root / sub
+            path.mkdir(parents=True, exist_ok=True)
+            # Whichever user the image runs as must write its model, output and checkpoints
+            # there; the job's folder above stays private to the platform's user.
+            if sub != "input":
+                path.chmod(0o777)
         argv = container_argv(self.job, placement)
         log.info("starting container %s from image %s", self.job.name, self.job.image)
         try:
