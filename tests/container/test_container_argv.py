@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from trainport.runners.api import Placement
 from trainport.runners.container import ContainerJob, container_argv
@@ -19,15 +21,15 @@ def placement(netns: str | None = None) -> Placement:
     )
 
 
-def job(**kw: object) -> ContainerJob:
-    base: dict[str, object] = {
-        "engine": "/usr/bin/podman",
-        "image": "img:1",
-        "name": "trainport-j-algo-2",
-        "host": "algo-2",
-        "env": {"TRAINING_JOB_NAME": "j"},
-    }
-    return ContainerJob(**{**base, **kw})
+def job(**kw: Any) -> ContainerJob:
+    base = ContainerJob(
+        engine="/usr/bin/podman",
+        image="img:1",
+        name="trainport-j-algo-2",
+        host="algo-2",
+        env={"TRAINING_JOB_NAME": "j"},
+    )
+    return dataclasses.replace(base, **kw)
 
 
 def test_sagemaker_subfolders_hosts_file_and_only_the_contract_env() -> None:
