@@ -180,3 +180,35 @@ def test_missing_image_is_pulled_and_the_error_names_it(
 
 def test_engine_setting_none_means_no_engine() -> None:
     assert find_engine("none") is None
+
+
+TWO_HOSTS = """
+if [ "$(hostname)" = algo-1 ]; then
+  nc -l -p 5000 > /opt/ml/model/got; echo "algo-1 got: $(cat /opt/ml/model/got)"
+else
+  until echo "hello from $(hostname)" | nc algo-1 5000; do sleep 0.2; done
+fi
+"""
+
+
+def test_two_hosts_in_two_containers_on_a_namespace_network(
+    home: Path, service: JobService, image: str
+) -> None:
+    from trainport.runners.netns import netns_problem
+
+    require(netns_problem() is None, f"no network namespaces: {netns_problem()}")
+    body = request(
+        "byo-two",
+        AlgorithmSpecification={
+            "TrainingImage": image,
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": ["/bin/sh", "-c", TWO_HOSTS],
+        },
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+        Tags=[{"Key": "trainport:network", "Value": "namespaces"}],
+    )
+    service.create(body)
+    record = wait_for(service, "byo-two")
+    lines = [line for _, line in service.logs("byo-two")]
+    assert record.status == "Completed", (record.failure_reason, lines)
+    assert "algo-1 got: hello from algo-2" in lines
