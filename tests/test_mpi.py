@@ -242,6 +242,63 @@ def test_failure_reason_names_the_rank_and_host() -> None:
     assert reason == "AlgorithmError: MPI rank 3 on host algo-2 exited with code 3"
 
 
+# What mpirun printed in one CI run after rank 3's MPI_Abort, when algo-2's daemon died
+# during the teardown (exit 139): nothing in it names the rank.
+DAEMON_DIED = [
+    "ORTE was unable to reliably start one or more daemons.",
+    "* an inability to create a connection back to mpirun due to a",
+    "  lack of common network interfaces and/or no route found between",
+    "  them. Please check network connectivity (including firewalls",
+    "  and network routing requirements).",
+    "--------------------------------------------------------------------------",
+]
+
+
+def test_a_ranks_note_names_it_when_mpiruns_report_does_not() -> None:
+    host_of = mpi.rank_host(["algo-1", "algo-2"], 2)
+    later = json.dumps({"rank": 1, "code": 143, "error": "", "time": 20.0})
+    first = json.dumps({"rank": 3, "code": 3, "error": "", "time": 10.0})
+    hostile = ["{", json.dumps({"rank": "3; rm", "code": 1, "time": 1.0}), "[]"]
+    reason = mpi.failure_reason(DAEMON_DIED, host_of, 139, [later, *hostile, first])
+    assert reason.startswith("AlgorithmError: MPI rank 3 on host algo-2 exited with code 3")
+    assert "mpirun itself ended with code 139" in reason
+    # Without notes, the report's tail stays the reason.
+    assert "exited with code 139: * an inability" in mpi.failure_reason(DAEMON_DIED, host_of, 139)
+
+
+def test_a_ranks_note_gives_the_error_behind_its_abort() -> None:
+    host_of = mpi.rank_host(["algo-1", "algo-2"], 2)
+    report = ["MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD", "with errorcode 1."]
+    note = json.dumps({"rank": 2, "code": 1, "error": "ValueError: bad shard", "time": 1.0})
+    reason = mpi.failure_reason(report, host_of, 1, [note])
+    assert reason == (
+        "AlgorithmError: MPI rank 2 on host algo-2 aborted the run (MPI_Abort, error code 1): "
+        "ValueError: bad shard"
+    )
+
+
+RAISING_RANK = """
+import time
+from mpi4py import MPI
+if MPI.COMM_WORLD.Get_rank() == 2:
+    raise ValueError("bad shard")
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("runner", ["process", "sandbox"])
+def test_a_rank_that_raises_leaves_a_note_in_its_hosts_tree(
+    home: Path, service: JobService, runner: str
+) -> None:
+    runner_ok(runner)
+    name = f"mpi-raise-{runner}"
+    service.create(mpi_job(home, name, RAISING_RANK), runner=runner)
+    record = wait_for(service, name, timeout=180)
+    assert record.status == "Failed"
+    assert "rank 2 on host algo-2" in (record.failure_reason or ""), record.failure_reason
+    assert "ValueError: bad shard" in (record.failure_reason or ""), record.failure_reason
+
+
 def test_launch_board_refuses_strangers(tmp_path: Path) -> None:
     import socket as sockets
     import threading

@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING
 from trainport.config import Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import diskspace, gpus, jobtree, mpi, pipe
+from trainport.host import diskspace, gpus, jobtree, mpi, mpi_rank, pipe
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -473,8 +473,10 @@ class HostAgent:
             raise ValidationError("an MPI job needs the supervisor's launch board")
         private = layout.root / mpi.PRIVATE
         (private / "shm").mkdir(parents=True, exist_ok=True)
+        (private / "ranks").mkdir(exist_ok=True)
         inside = f"{base_dir}/{mpi.PRIVATE}"
-        env = {**env, mpi.ENV_HOST: plan.host}
+        # Not an OMPI_* variable: each host's ranks get their own host's folder.
+        env = {**env, mpi.ENV_HOST: plan.host, mpi_rank.ENV_RANKS: f"{inside}/ranks"}
         cwd = f"{base_dir}/code"
         if plan.host != plan.hosts[0]:
             env[mpi.VADER_DIR] = f"{inside}/shm"
@@ -497,7 +499,8 @@ class HostAgent:
         program = argv
         if argv and argv[0] == python and mpi.has_mpi4py():
             # As the toolkit does: an uncaught exception in a rank aborts the whole run.
-            program = [python, "-m", "mpi4py", *argv[1:]]
+            # The rank runner leaves a note if its rank fails (see mpi_rank).
+            program = [python, "-m", "trainport.host.mpi_rank", *argv[1:]]
         command = mpi.mpirun_command(
             hosts=plan.hosts,
             per_host=per_host,
@@ -530,7 +533,12 @@ class HostAgent:
         if result.failure_reason and not result.failure_reason.startswith("AlgorithmError: , "):
             return result  # the leader's own ranks wrote a failure file
         host_of = self._demux.host_of
-        reason = mpi.failure_reason(list(mpi.tail_lines(plan.log_path)), host_of, result.exit_code)
+        notes = mpi.rank_notes(
+            [plan.job_dir / "hosts" / host / mpi.PRIVATE / "ranks" for host in plan.hosts]
+        )
+        reason = mpi.failure_reason(
+            list(mpi.tail_lines(plan.log_path)), host_of, result.exit_code, notes
+        )
         for host in plan.hosts:
             if f"host {host} " in reason + " " and host != plan.host:
                 text = self._failure_reason(HostLayout(plan.job_dir / "hosts" / host), 1)

@@ -39,8 +39,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainport.errors import ValidationError
+from trainport.host import jobtree
 from trainport.host.mpi_launch import ENV_HOST, ENV_SHM, ENV_SOCKET, ENV_TOKEN, VADER_DIR
 from trainport.spec import JobSpec
 
@@ -244,8 +246,14 @@ _ABORT = re.compile(
 )
 
 
-def failure_reason(lines: Sequence[str], host_of: Callable[[int], str | None], code: int) -> str:
-    """What ended an MPI run, naming the rank and its host, from mpirun's own report."""
+def failure_reason(
+    lines: Sequence[str],
+    host_of: Callable[[int], str | None],
+    code: int,
+    notes: Sequence[str] = (),
+) -> str:
+    """What ended an MPI run, naming the rank and its host, from mpirun's own report, or
+    from the notes failing ranks left when that report names no rank."""
     text = "\n".join(lines)
     if match := _NOTICED.search(text):
         rank, node, signal_no, name = match.groups()
@@ -253,9 +261,13 @@ def failure_reason(lines: Sequence[str], host_of: Callable[[int], str | None], c
         return f"AlgorithmError: MPI rank {rank} on host {node} was killed by {what}"
     if match := _ABORT.search(text):
         rank = int(match.group(1))
+        said = next(
+            (f": {n['error']}" for n in _well_formed(notes) if n["rank"] == rank and n["error"]),
+            "; its log has the cause",
+        )
         return (
             f"AlgorithmError: MPI rank {rank} on host {host_of(rank) or '?'} aborted the run "
-            f"(MPI_Abort, error code {match.group(2)}); its log has the cause"
+            f"(MPI_Abort, error code {match.group(2)}){said}"
         )
     if (rank_match := _PROCESS.search(text)) and (exit_match := _EXIT.search(text)):
         rank = int(rank_match.group(1))
@@ -263,10 +275,55 @@ def failure_reason(lines: Sequence[str], host_of: Callable[[int], str | None], c
         return (
             f"AlgorithmError: MPI rank {rank} on host {host} exited with code {exit_match.group(1)}"
         )
+    if note := first_rank_note(notes):
+        rank = note["rank"]
+        said = f": {note['error']}" if note.get("error") else ""
+        return (
+            f"AlgorithmError: MPI rank {rank} on host {host_of(rank) or '?'} exited with code "
+            f"{note['code']}{said} (mpirun itself ended with code {code})"
+        )
     if match := _NODE_LOST.search(text):
         return f"AlgorithmError: mpirun lost the MPI daemon on host {match.group(1)}"
     tail = [line for line in lines if line.strip()][-5:]
     return f"AlgorithmError: mpirun exited with code {code}: " + " | ".join(tail)
+
+
+def first_rank_note(notes: Sequence[str]) -> dict[str, Any] | None:
+    """The earliest well-formed note a failing rank left (see :mod:`mpi_rank`)."""
+    return min(_well_formed(notes), key=lambda note: note["time"], default=None)
+
+
+def _well_formed(notes: Sequence[str]) -> list[dict[str, Any]]:
+    """The notes that parse and have their fields' types; a job wrote them."""
+    found: list[dict[str, Any]] = []
+    for raw in notes:
+        try:
+            note = json.loads(raw)
+        except ValueError:
+            continue
+        if (
+            isinstance(note, dict)
+            and type(note.get("rank")) is int
+            and type(note.get("code")) is int
+            and isinstance(note.get("time"), (int, float))
+            and isinstance(note.get("error", ""), str)
+        ):
+            found.append({**note, "error": note.get("error", "")[:500]})
+    return found
+
+
+def rank_notes(folders: Sequence[Path]) -> list[str]:
+    """The rank notes in each host's ``ranks`` folder, read without following links."""
+    texts: list[str] = []
+    for folder in folders:
+        with jobtree.open_folder(folder) as opened:
+            names = sorted(os.listdir(opened))[:256] if opened is not None else []
+        for name in names:
+            if not (name.startswith("rank-") and name.endswith(".json")):
+                continue
+            if (text := jobtree.read_text(folder / name, 2000)) is not None:
+                texts.append(text)
+    return texts
 
 
 # -- the launch service (effects) -------------------------------------------------------------
