@@ -110,6 +110,9 @@ class JobSpec:
     checkpoint_local_path: str
     tags: dict[str, str] = field(default_factory=dict)
     instance_groups: tuple[InstanceGroup, ...] = ()
+    # EnableNetworkIsolation: the hosts reach each other and nothing else (see README,
+    # "Network isolation", for how each runner keeps it).
+    network_isolation: bool = False
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -362,6 +365,11 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
     if checkpoint:
         confined_uri(checkpoint["S3Uri"], "CheckpointConfig.S3Uri")
     local_path = confined_local_path(checkpoint.get("LocalPath", DEFAULT_CHECKPOINT_PATH))
+    isolation = request.get("EnableNetworkIsolation", False)
+    if not isinstance(isolation, bool):
+        raise ValidationError(
+            f"EnableNetworkIsolation {isolation!r} must be true or false (a JSON boolean)"
+        )
     tags = {t["Key"]: t["Value"] for t in request.get("Tags") or []}
     for key, value in tags.items():
         if key.startswith("trainport:") and key not in EXTENSION_TAGS:
@@ -427,4 +435,5 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         checkpoint_uri=checkpoint.get("S3Uri"),
         checkpoint_local_path=local_path,
         tags=tags,
+        network_isolation=isolation,
     )

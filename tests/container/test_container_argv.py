@@ -60,8 +60,11 @@ def test_entrypoint_and_arguments_override_as_in_sagemaker() -> None:
 def test_network_namespace_isolation_and_gpus() -> None:
     argv = container_argv(job(), placement(netns="tp-j-algo-2"))
     assert argv[argv.index("--network") + 1] == "ns:/run/netns/tp-j-algo-2"
-    argv = container_argv(job(network_isolation=True), placement(netns="tp-j-algo-2"))
+    # Isolated: no network of its own, or the job's namespace where its hosts meet.
+    argv = container_argv(job(network_isolation=True), placement())
     assert argv[argv.index("--network") + 1] == "none"
+    argv = container_argv(job(network_isolation=True), placement(netns="tp-j-lo"))
+    assert argv[argv.index("--network") + 1] == "ns:/run/netns/tp-j-lo"
     argv = container_argv(job(gpu_devices=("1", "2")), placement())
     assert "--device=nvidia.com/gpu=1" in argv and "--device=nvidia.com/gpu=2" in argv
     docker = container_argv(job(engine="/usr/bin/docker", gpu_devices=("1",)), placement())

@@ -402,8 +402,17 @@ class HostAgent:
             engine = commands.container_engine(spec)
             assert engine is not None  # check_runnable found it
             self._notes.append(f"running image {spec.training_image} in {engine}")
+            if spec.network_isolation and len(self.plan.hosts) > 1 and not self.plan.netns:
+                raise ValidationError(commands.ISOLATED_HOSTS_NEED_NAMESPACES)
             return commands.container_command(
                 spec, engine, self.plan.host, self.plan.arn, share.devices
+            )
+        if spec.network_isolation and not self.plan.netns:
+            # Without root there is no namespace to put the job in; its code runs all the
+            # same (it does on SageMaker), and the user is told rather than misled.
+            self._notes.append(
+                "EnableNetworkIsolation is not enforced: network namespaces need root, so "
+                "this job has the machine's network"
             )
         if how != "script":
             return commands.plain_command(spec, env, f"{base_dir}/code")

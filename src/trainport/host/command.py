@@ -27,6 +27,11 @@ __all__ = [
 ]
 
 SCRIPT_MODE_KEYS = ("sagemaker_program", "sagemaker_submit_directory")
+ISOLATED_HOSTS_NEED_NAMESPACES = (
+    "EnableNetworkIsolation with several hosts in containers needs network namespaces "
+    "(root), so that the hosts reach each other and nothing else; run trainport as root, "
+    "or use one host"
+)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,7 @@ def container_command(
         entrypoint=spec.entrypoint,
         arguments=spec.arguments,
         gpu_devices=gpu_devices,
+        network_isolation=spec.network_isolation,
     )
     return Command((spec.training_image or "", "train"), "/", env, container=job)
 

@@ -125,12 +125,16 @@ class JobService:
         """Validate ``request`` and everything it points at, without running anything."""
         spec = parse_request(request)
         how = commands.check_runnable(spec)
-        if spec.tags.get("trainport:network") == "namespaces":
-            from trainport.runners.netns import netns_problem
+        from trainport.runners.netns import netns_problem
 
+        if spec.tags.get("trainport:network") == "namespaces":
             problem = netns_problem()
             if problem:
                 raise ValidationError(f"Tags: trainport:network=namespaces: {problem}")
+        # A container's own "no network" would cut an isolated job's hosts off from each other.
+        multi = len(spec.hosts) > 1
+        if how == "container" and spec.network_isolation and multi and netns_problem():
+            raise ValidationError(commands.ISOLATED_HOSTS_NEED_NAMESPACES)
         for channel in spec.channels:
             resolve_channel(self.store, channel)
         if spec.checkpoint_uri:

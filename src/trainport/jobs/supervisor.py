@@ -32,7 +32,7 @@ from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
 from trainport.jobs.status import Event, Finished, Phase, Progress, Status, StopRequested, advance
 from trainport.runners.api import select_runner
-from trainport.runners.netns import HostNetwork
+from trainport.runners.netns import HostNetwork, JobLoopback, netns_problem
 from trainport.spec import JobSpec, parse_request
 from trainport.store.api import ObjectStore, open_store
 
@@ -117,17 +117,23 @@ def supervise(name: str, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     hosts = spec.hosts
-    network: HostNetwork | None = None
+    network: HostNetwork | JobLoopback | None = None
     addresses = host_addresses(name, hosts)
-    if spec.tags.get("trainport:network") == "namespaces":
-        try:
-            network = HostNetwork(name, hosts, spec.tags.get("trainport:host-bandwidth"))
+    try:
+        if spec.tags.get("trainport:network") == "namespaces":
+            bandwidth = spec.tags.get("trainport:host-bandwidth")
+            network = HostNetwork(name, hosts, bandwidth, isolated=spec.network_isolation)
             network.__enter__()
-        except TrainportError as exc:
-            failed = Finished(None, f"ClientError: cannot make the hosts' network: {exc}")
-            db.update(name, lambda r: advance(r, failed, time.time()))
-            return 1
-        addresses = {h: network.hosts[h].address for h in hosts}
+            addresses = {h: network.hosts[h].address for h in hosts}
+        elif spec.network_isolation and netns_problem() is None:
+            # Loopback-mode hosts share the machine's network; an isolated job's hosts get
+            # a loopback of their own instead (without root, see HostAgent's note).
+            network = JobLoopback(name)
+            network.__enter__()
+    except TrainportError as exc:
+        failed = Finished(None, f"ClientError: cannot make the hosts' network: {exc}")
+        db.update(name, lambda r: advance(r, failed, time.time()))
+        return 1
     try:
         return _run_hosts(db, name, record, spec, settings, grace, wake, terminate_signal,
                           addresses, network)  # fmt: skip
@@ -146,7 +152,7 @@ def _run_hosts(
     wake: threading.Event,
     terminate_signal: threading.Event,
     addresses: dict[str, str],
-    network: HostNetwork | None,
+    network: HostNetwork | JobLoopback | None,
 ) -> int:
     hosts = spec.hosts
     multi = len(hosts) > 1
@@ -195,8 +201,8 @@ def _run_hosts(
                 settings.jobs_dir / name,
                 addresses=addresses,
                 upload_artifacts=not multi,
-                network_interface="eth0" if network else "lo",
-                netns=network.hosts[host].namespace if network else None,
+                network_interface="eth0" if isinstance(network, HostNetwork) else "lo",
+                netns=_namespace(network, host),
                 mpi_board=board,
             ),
             store=store,
@@ -298,6 +304,13 @@ def _run_hosts(
         return 1
     log.info("job %s ended %s/%s", name, final.status, final.secondary_status)
     return 0
+
+
+def _namespace(network: HostNetwork | JobLoopback | None, host: str) -> str | None:
+    """The network namespace ``host`` runs in, if not the machine's."""
+    if isinstance(network, HostNetwork):
+        return network.hosts[host].namespace
+    return network.namespace if network is not None else None
 
 
 def _overrun(spec: JobSpec) -> StopRequested:

@@ -85,7 +85,10 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
     if engine_kind(job.engine) == "podman":
         argv += _PODMAN_FLAGS
     argv += ["--init=false"] if engine_kind(job.engine) == "podman" else []
-    if job.network_isolation:
+    if job.network_isolation and not placement.netns:
+        # Nothing but a loopback of its own. With a namespace, that is the job's (see
+        # runners.netns): an isolated job's hosts still reach each other there, as in
+        # SageMaker, and nothing else.
         argv += ["--network", "none"]
     elif placement.netns:
         argv += ["--network", f"ns:/run/netns/{placement.netns}"]

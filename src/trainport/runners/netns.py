@@ -6,6 +6,13 @@ network namespace whose ``eth0`` (a veth pair) sits on a per-job bridge, at
 bandwidth can be shaped with ``tc tbf`` (``trainport:host-bandwidth``, e.g. ``400mbit``,
 applied in both directions of each host's link). The namespaces and the bridge are removed
 when the job ends.
+
+EnableNetworkIsolation: the hosts must still reach each other (distributed training) and
+nothing else. On the bridge, an isolated job's bridge gets no address of the machine's
+(neither IPv4 nor an IPv6 link-local one), so nothing on this machine is reachable from a
+host, and no namespace has a route out. In loopback mode, :class:`JobLoopback` is one
+namespace for all the job's hosts holding only ``lo``: each host keeps its own 127.a.b.k
+address there, and that loopback is the job's alone.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from trainport.errors import SandboxError, ValidationError
 
 __all__ = [
     "HostNetwork",
+    "JobLoopback",
     "NamespaceHost",
     "keep_in_order",
     "netns_problem",
@@ -114,7 +122,14 @@ def set_congestion_control(netns: str, algorithm: str = CONGESTION_CONTROL) -> s
 class HostNetwork:
     """Bridge, namespaces and veth pairs for one job's hosts."""
 
-    def __init__(self, job: str, hosts: tuple[str, ...], bandwidth: str | None = None) -> None:
+    def __init__(
+        self,
+        job: str,
+        hosts: tuple[str, ...],
+        bandwidth: str | None = None,
+        *,
+        isolated: bool = False,
+    ) -> None:
         problem = netns_problem()
         if problem:
             raise SandboxError(problem)
@@ -129,6 +144,7 @@ class HostNetwork:
         }
         self.tag = tag
         self.bandwidth = bandwidth
+        self.isolated = isolated
 
     def __enter__(self) -> HostNetwork:
         try:
@@ -143,7 +159,12 @@ class HostNetwork:
 
     def _setup(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+        if self.isolated:
+            # No address of the machine's on the bridge: a host could otherwise reach every
+            # service that listens on all of the machine's addresses through it.
+            _ip("link", "set", self.bridge, "addrgenmode", "none")
+        else:
+            _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         refused = None
         for nh in self.hosts.values():
@@ -163,6 +184,8 @@ class HostNetwork:
                 nh.namespace,
             )
             _ip("link", "set", outside, "master", self.bridge)
+            if self.isolated:
+                _ip("link", "set", outside, "addrgenmode", "none")
             _ip("link", "set", outside, "up")
             _ip("-n", nh.namespace, "addr", "add", f"{nh.address}/24", "dev", "eth0")
             _ip("-n", nh.namespace, "link", "set", "eth0", "up")
@@ -194,3 +217,32 @@ class HostNetwork:
     def wrap(self, host: str, argv: tuple[str, ...]) -> tuple[str, ...]:
         """``argv`` run inside ``host``'s namespace."""
         return ("ip", "netns", "exec", self.hosts[host].namespace, *argv)
+
+
+class JobLoopback:
+    """One network namespace for all of a network-isolated job's hosts, holding only its
+    own loopback: every 127.a.b.k address of the job's hosts is local there, so the hosts
+    reach each other and nothing else (not even the machine's own 127.0.0.1)."""
+
+    def __init__(self, job: str) -> None:
+        problem = netns_problem()
+        if problem:
+            raise SandboxError(problem)
+        tag = hashlib.sha256(f"{job}:{os.getpid()}".encode()).hexdigest()[:6]
+        self.namespace = f"tp-{tag}-lo"
+
+    def __enter__(self) -> JobLoopback:
+        try:
+            _ip("netns", "add", self.namespace)
+            _ip("-n", self.namespace, "link", "set", "lo", "up")
+        except BaseException:
+            self.teardown()
+            raise
+        log.info("network-isolated hosts in namespace %s (loopback only)", self.namespace)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.teardown()
+
+    def teardown(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.namespace], capture_output=True)
