@@ -69,3 +69,11 @@ def test_network_namespace_isolation_and_gpus() -> None:
     assert "--device=nvidia.com/gpu=1" in argv and "--device=nvidia.com/gpu=2" in argv
     docker = container_argv(job(engine="/usr/bin/docker", gpu_devices=("1",)), placement())
     assert docker[docker.index("--gpus") + 1] == "device=1" and "--runtime" not in docker
+
+
+def test_labels_name_the_job_so_a_dead_supervisors_containers_are_found() -> None:
+    labelled = job(labels={"trainport.job": "j", "trainport.job-dir": "/home/jobs/j"})
+    argv = container_argv(labelled, placement())
+    labels = [argv[i + 1] for i, a in enumerate(argv) if a == "--label"]
+    assert labels == ["trainport.job=j", "trainport.job-dir=/home/jobs/j"]
+    assert argv.index("--label") < argv.index("img:1")  # engine options, not the program's

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import put, request, require, wait_for
+from tests.conftest import put, request, require, wait_for, wait_until
 from tests.container.test_container_jobs import _image_tag
 from trainport.jobs.service import JobService
 
@@ -210,3 +211,54 @@ def test_network_isolation_must_be_a_boolean(service: JobService) -> None:
     with pytest.raises(ValidationError, match="EnableNetworkIsolation"):
         parse_request(body, validate=False)
     assert parse_request(request("iso-ok", EnableNetworkIsolation=True)).network_isolation
+
+
+# -- a supervisor that dies ----------------------------------------------------------------
+
+FOREVER = r"""
+trap '' TERM
+echo ready
+while true; do sleep 0.2; done
+"""
+
+
+def containers_of(job: str) -> list[str]:
+    podman = shutil.which("podman")
+    assert podman is not None
+    listed = subprocess.run(
+        [podman, "ps", "-a", "-q", "--filter", f"label=trainport.job={job}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
+
+
+@pytest.fixture
+def leave_no_containers() -> Iterator[None]:
+    """Whatever a failing test left running is removed (this test's jobs only)."""
+    yield
+    podman = shutil.which("podman")
+    for job in ("orphan-box",):
+        ids = containers_of(job)
+        if podman and ids:
+            subprocess.run([podman, "rm", "-f", "-t", "0", *ids], capture_output=True)
+
+
+def test_reconcile_removes_the_container_of_a_killed_supervisor(
+    home: Path, service: JobService, busybox_image: str, leave_no_containers: None
+) -> None:
+    from trainport.jobs import liveness
+
+    service.create(shell_job(home, "orphan-box", busybox_image, FOREVER))
+    wait_until(lambda: "ready" in lines_of(service, "orphan-box"), what="the container's start")
+    supervisor = service.get("orphan-box").supervisor
+    assert supervisor is not None and containers_of("orphan-box")
+    os.kill(supervisor[0], signal.SIGKILL)
+    wait_until(lambda: not liveness.is_alive(supervisor), what="the supervisor's end")
+    assert containers_of("orphan-box")  # the engine keeps it running without its client
+    service.reconcile()
+    record = service.get("orphan-box")
+    assert record.status == "Failed", record
+    assert "supervisor" in (record.failure_reason or "")
+    assert containers_of("orphan-box") == []

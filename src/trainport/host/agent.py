@@ -405,7 +405,7 @@ class HostAgent:
             if spec.network_isolation and len(self.plan.hosts) > 1 and not self.plan.netns:
                 raise ValidationError(commands.ISOLATED_HOSTS_NEED_NAMESPACES)
             return commands.container_command(
-                spec, engine, self.plan.host, self.plan.arn, share.devices
+                spec, engine, self.plan.host, self.plan.arn, share.devices, self.plan.job_dir
             )
         if spec.network_isolation and not self.plan.netns:
             # Without root there is no namespace to put the job in; its code runs all the

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainport.errors import ValidationError
-from trainport.runners.container import ContainerJob, safe_name
+from trainport.runners.container import LABEL_JOB, LABEL_JOB_DIR, ContainerJob, safe_name
 from trainport.spec import JobSpec
 
 __all__ = [
@@ -127,7 +127,12 @@ def check_runnable(spec: JobSpec) -> str:
 
 
 def container_command(
-    spec: JobSpec, engine: str, host: str, arn: str, gpu_devices: tuple[str, ...]
+    spec: JobSpec,
+    engine: str,
+    host: str,
+    arn: str,
+    gpu_devices: tuple[str, ...],
+    job_dir: Path | None = None,
 ) -> Command:
     """The command of a job whose image runs in ``engine``: its environment is the
     request's and the contract's only, never the machine's (the image has its own PATH).
@@ -148,6 +153,11 @@ def container_command(
         arguments=spec.arguments,
         gpu_devices=gpu_devices,
         network_isolation=spec.network_isolation,
+        labels={
+            LABEL_JOB: spec.name,
+            "trainport.host": host,
+            **({LABEL_JOB_DIR: str(job_dir)} if job_dir else {}),
+        },
     )
     return Command((spec.training_image or "", "train"), "/", env, container=job)
 

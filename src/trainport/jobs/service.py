@@ -349,6 +349,7 @@ class JobService:
                 (record.training_pgid,) if record.training_pgid else ()
             )
             killed = any([_stop_group(pgid, record.arn) for pgid in groups])
+            killed = _remove_containers(record) or killed
             job_dir = Path(record.job_dir)
             _unmount_left(record.name, job_dir)
             with contextlib.suppress(Exception):
@@ -452,6 +453,24 @@ def _unmount_left(name: str, job_dir: Path) -> None:
 
     for mountpoint in unmount_under(job_dir):
         log.warning("job %s: unmounted its FastFile view %s", name, mountpoint)
+
+
+def _remove_containers(record: JobRecord) -> bool:
+    """Stop and remove a dead supervisor's containers (found by their job-folder label);
+    whether there were any. Only a job whose TrainingImage is no local folder may have
+    run in a container engine."""
+    from trainport.config import container_engine_setting
+    from trainport.runners import container
+
+    image = (record.request.get("AlgorithmSpecification") or {}).get("TrainingImage")
+    if not isinstance(image, str) or not image or os.path.isdir(os.path.expanduser(image)):
+        return False
+    try:
+        engine = container.find_engine(container_engine_setting())
+    except ValidationError as exc:
+        log.warning("job %s: cannot look for its containers: %s", record.name, exc)
+        return False
+    return engine is not None and bool(container.remove_job_containers(engine, record.job_dir))
 
 
 def _stop_group(pgid: int | None, arn: str) -> bool:

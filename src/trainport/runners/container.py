@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainport.errors import SandboxError, ValidationError
@@ -38,6 +38,7 @@ __all__ = [
     "image_present",
     "is_framework_image",
     "pull_image",
+    "remove_job_containers",
     "safe_name",
 ]
 
@@ -56,6 +57,10 @@ _PODMAN_FLAGS = (
     "--ulimit",
     "nproc=32768:32768",
 )
+# The labels every job container carries: the job's name (for users: podman ps --filter
+# label=trainport.job=NAME) and its folder, unique to one TRAINPORT_HOME.
+LABEL_JOB = "trainport.job"
+LABEL_JOB_DIR = "trainport.job-dir"
 # SageMaker's deep-learning containers live in ECR under these account-scoped names.
 _FRAMEWORK_IMAGE = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/")
 
@@ -73,6 +78,9 @@ class ContainerJob:
     arguments: tuple[str, ...] = ()
     network_isolation: bool = False
     gpu_devices: tuple[str, ...] = ()  # the machine's GPU indices this host may use
+    # Labels that find the job's containers again after its supervisor died (see
+    # remove_job_containers): the engine, not the supervisor, keeps a container running.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def engine_kind(engine: str) -> str:
@@ -98,6 +106,8 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
     for sub in MOUNTED:
         argv += ["-v", f"{placement.root / sub}:{OPT_ML}/{sub}"]
     argv += ["-v", f"{placement.hosts_file}:/etc/hosts:ro"]
+    for key, value in sorted(job.labels.items()):
+        argv += ["--label", f"{key}={value}"]
     for key, value in sorted(job.env.items()):
         argv += ["-e", f"{key}={value}"]
     if job.gpu_devices:
@@ -247,3 +257,23 @@ def is_framework_image(image: str) -> bool:
 def safe_name(*parts: str) -> str:
     """A container name from job and host names (the engine allows [a-zA-Z0-9_.-])."""
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", "trainport-" + "-".join(parts))
+
+
+def remove_job_containers(engine: str, job_dir: str, grace: float = 2.0) -> list[str]:
+    """Stop (SIGTERM, ``grace`` seconds, SIGKILL) and remove every container of the job
+    whose folder is ``job_dir``; the ids removed. For a job whose supervisor died: the
+    attached ``run`` is only a client, and the engine keeps the container running."""
+    listed = subprocess.run(
+        [engine, "ps", "-a", "-q", "--filter", f"label={LABEL_JOB_DIR}={job_dir}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    ids = listed.stdout.split()
+    if not ids:
+        return []
+    subprocess.run([engine, "stop", "-t", str(int(grace)), *ids], capture_output=True, check=False)
+    # --rm containers are gone once stopped; any other is removed here.
+    subprocess.run([engine, "rm", "-f", *ids], capture_output=True, check=False)
+    log.info("removed the containers %s of %s", " ".join(ids), job_dir)
+    return ids
