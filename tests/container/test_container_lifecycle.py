@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import put, request, require, wait_for, wait_until
-from tests.container.test_container_jobs import _image_tag
+from tests.container.test_container_jobs import _image_tag, model
 from trainport.jobs.service import JobService
 
 
@@ -262,3 +262,41 @@ def test_reconcile_removes_the_container_of_a_killed_supervisor(
     assert record.status == "Failed", record
     assert "supervisor" in (record.failure_reason or "")
     assert containers_of("orphan-box") == []
+
+
+# -- MaxRuntimeInSeconds -------------------------------------------------------------------
+
+SAVES_ON_TERM = r"""
+trap 'echo got TERM; echo saved > /opt/ml/model/saved.txt; exit 0' TERM
+echo ready
+while true; do sleep 0.2; done
+"""
+
+
+@pytest.mark.parametrize("handles_term", [True, False])
+def test_max_runtime_sends_term_then_kill_after_the_grace_and_uploads(
+    home: Path, service: JobService, busybox_image: str, handles_term: bool
+) -> None:
+    """Stopped/MaxRuntimeExceeded as under the other runners, the model uploaded; a
+    container that ignores SIGTERM is killed once the grace period is over."""
+    name = f"overrun-{str(handles_term).lower()}"
+    script = SAVES_ON_TERM if handles_term else "echo early > /opt/ml/model/early.txt\n" + FOREVER
+    body = shell_job(
+        home,
+        name,
+        busybox_image,
+        script,
+        StoppingCondition={"MaxRuntimeInSeconds": 8},
+        Tags=[{"Key": "trainport:stop-grace-seconds", "Value": "2"}],
+    )
+    service.create(body)
+    record = wait_for(service, name)
+    lines = lines_of(service, name)
+    assert (record.status, record.secondary_status) == ("Stopped", "MaxRuntimeExceeded"), lines
+    assert "ready" in lines
+    files = model(home, str(record.model_artifacts))
+    if handles_term:
+        assert "got TERM" in lines and files["saved.txt"] == b"saved\n"
+    else:
+        assert files == {"early.txt": b"early\n"}
+    assert containers_of(name) == []
