@@ -77,3 +77,12 @@ def test_labels_name_the_job_so_a_dead_supervisors_containers_are_found() -> Non
     labels = [argv[i + 1] for i, a in enumerate(argv) if a == "--label"]
     assert labels == ["trainport.job=j", "trainport.job-dir=/home/jobs/j"]
     assert argv.index("--label") < argv.index("img:1")  # engine options, not the program's
+
+
+def test_a_checkpoint_folder_outside_sagemakers_folders_is_mounted_too() -> None:
+    def volumes(path: str) -> list[str]:
+        argv = container_argv(job(checkpoint_path=path), placement())
+        return [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+
+    assert "/jobs/j/hosts/algo-2/opt_ml/ckpt/run:/opt/ml/ckpt/run" in volumes("/opt/ml/ckpt/run")
+    assert len(volumes("/opt/ml/model/ckpt")) == len(volumes("/opt/ml/checkpoints")) == 5

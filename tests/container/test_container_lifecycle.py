@@ -300,3 +300,30 @@ def test_max_runtime_sends_term_then_kill_after_the_grace_and_uploads(
     else:
         assert files == {"early.txt": b"early\n"}
     assert containers_of(name) == []
+
+
+# -- CheckpointConfig.LocalPath ------------------------------------------------------------
+
+CHECKPOINTS = r"""
+echo "seeded: $(cat /opt/ml/my-checkpoints/step-1.txt)"
+echo two > /opt/ml/my-checkpoints/step-2.txt
+"""
+
+
+def test_checkpoints_at_the_requested_local_path_are_seeded_and_synced(
+    home: Path, service: JobService, busybox_image: str
+) -> None:
+    put(home, "ckpt", "box/step-1.txt", "one\n")
+    body = shell_job(
+        home,
+        "ckpt-box",
+        busybox_image,
+        CHECKPOINTS,
+        CheckpointConfig={"S3Uri": "s3://ckpt/box/", "LocalPath": "/opt/ml/my-checkpoints"},
+    )
+    service.create(body)
+    record = wait_for(service, "ckpt-box")
+    lines = lines_of(service, "ckpt-box")
+    assert record.status == "Completed", (record.failure_reason, lines)
+    assert "seeded: one" in lines
+    assert (home / "store" / "ckpt" / "box" / "step-2.txt").read_text() == "two\n"

@@ -153,6 +153,7 @@ def container_command(
         arguments=spec.arguments,
         gpu_devices=gpu_devices,
         network_isolation=spec.network_isolation,
+        checkpoint_path=spec.checkpoint_local_path,
         labels={
             LABEL_JOB: spec.name,
             "trainport.host": host,

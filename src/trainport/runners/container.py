@@ -81,6 +81,9 @@ class ContainerJob:
     # Labels that find the job's containers again after its supervisor died (see
     # remove_job_containers): the engine, not the supervisor, keeps a container running.
     labels: dict[str, str] = field(default_factory=dict)
+    # CheckpointConfig.LocalPath (normalised, under /opt/ml): mounted too when it lies
+    # outside the folders above, seeded before and synced after as for any runner.
+    checkpoint_path: str = f"{OPT_ML}/checkpoints"
 
 
 def engine_kind(engine: str) -> str:
@@ -105,6 +108,9 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
         argv += ["--network", "host", "--uts", "private"]
     for sub in MOUNTED:
         argv += ["-v", f"{placement.root / sub}:{OPT_ML}/{sub}"]
+    extra = _extra_mount(job)
+    if extra:
+        argv += ["-v", f"{placement.root / extra}:{OPT_ML}/{extra}"]
     argv += ["-v", f"{placement.hosts_file}:/etc/hosts:ro"]
     for key, value in sorted(job.labels.items()):
         argv += ["--label", f"{key}={value}"]
@@ -125,6 +131,12 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
     else:
         argv += [job.image, "train"]
     return argv
+
+
+def _extra_mount(job: ContainerJob) -> str | None:
+    """The checkpoint folder, relative to /opt/ml, if no mounted folder holds it."""
+    rel = job.checkpoint_path[len(OPT_ML) + 1 :]
+    return None if rel.split("/")[0] in MOUNTED else rel
 
 
 class ContainerProcess(HostProcess):
@@ -158,7 +170,7 @@ class ContainerProcess(HostProcess):
         platform cannot upload or remove; map them back to this user."""
         if os.geteuid() == 0 or engine_kind(self.job.engine) != "podman":
             return  # root reads and removes whatever the image's user wrote
-        for sub in MOUNTED:
+        for sub in (*MOUNTED, *filter(None, [_extra_mount(self.job)])):
             path = self.root / sub
             if path.exists():
                 subprocess.run(
@@ -185,6 +197,10 @@ class ContainerRunner(Runner):
             # there; the job's folder above stays private to the platform's user.
             if sub != "input":
                 path.chmod(0o777)
+        extra = _extra_mount(self.job)
+        if extra:
+            (placement.root / extra).mkdir(parents=True, exist_ok=True)
+            (placement.root / extra).chmod(0o777)
         argv = container_argv(self.job, placement)
         log.info("starting container %s from image %s", self.job.name, self.job.image)
         try:
