@@ -16,8 +16,9 @@ apt_packages="bubblewrap"
 # OpenMPI (MPI jobs; its compiler wrappers and cmake build Horovod, see below).
 [ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium openmpi-bin libopenmpi-dev cmake g++"
 # Container jobs: podman with runc (crun refuses hybrid cgroups), busybox-static for the
-# test images built locally (no registry is reachable).
-[ "${1:-}" = "--test" ] && apt_packages="$apt_packages podman runc busybox-static"
+# test images built locally (no registry is reachable); docker.io for the same tests under
+# docker (they start a private dockerd of their own; this script starts no service).
+[ "${1:-}" = "--test" ] && apt_packages="$apt_packages podman runc busybox-static docker.io"
 missing=""
 for p in $apt_packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
