@@ -327,3 +327,40 @@ def test_checkpoints_at_the_requested_local_path_are_seeded_and_synced(
     assert record.status == "Completed", (record.failure_reason, lines)
     assert "seeded: one" in lines
     assert (home / "store" / "ckpt" / "box" / "step-2.txt").read_text() == "two\n"
+
+
+# -- a host that fails -----------------------------------------------------------------------
+
+ONE_HOST_FAILS = r"""
+if [ "$(hostname)" = algo-1 ]; then
+  trap 'echo got TERM; echo saved > /opt/ml/model/saved.txt; exit 0' TERM
+  nc -l -p 5000 -e /bin/true &  # tells algo-2 that the handler is set
+  while true; do sleep 0.2; done
+else
+  until nc algo-1 5000 < /dev/null; do sleep 0.2; done
+  echo "bad shard on algo-2" > /opt/ml/output/failure
+  exit 3
+fi
+"""
+
+
+def test_a_failed_host_stops_the_other_container_and_the_job_names_it(
+    home: Path, service: JobService, busybox_image: str
+) -> None:
+    _namespaces()
+    body = shell_job(
+        home,
+        "box-host-fails",
+        busybox_image,
+        ONE_HOST_FAILS,
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+        Tags=[{"Key": "trainport:network", "Value": "namespaces"}],
+    )
+    service.create(body)
+    record = wait_for(service, "box-host-fails")
+    one = lines_of(service, "box-host-fails")
+    assert record.status == "Failed", (record.failure_reason, one)
+    assert record.failure_reason == "algo-2: bad shard on algo-2\n"
+    assert "got TERM" in one  # algo-1's container got SIGTERM, and its handler ran
+    assert model(home, str(record.model_artifacts))["saved.txt"] == b"saved\n"
+    assert containers_of("box-host-fails") == []
