@@ -234,6 +234,11 @@ def containers_of(job: str) -> list[str]:
     return listed.stdout.split()
 
 
+def namespaces() -> list[str]:
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+
+
 @pytest.fixture
 def leave_no_containers() -> Iterator[None]:
     """Whatever a failing test left running is removed (this test's jobs only)."""
@@ -245,15 +250,21 @@ def leave_no_containers() -> Iterator[None]:
             subprocess.run([podman, "rm", "-f", "-t", "0", *ids], capture_output=True)
 
 
-def test_reconcile_removes_the_container_of_a_killed_supervisor(
+def test_reconcile_removes_the_container_and_network_of_a_killed_supervisor(
     home: Path, service: JobService, busybox_image: str, leave_no_containers: None
 ) -> None:
     from trainport.jobs import liveness
+    from trainport.runners.netns import network_tag
 
-    service.create(shell_job(home, "orphan-box", busybox_image, FOREVER))
+    _namespaces()
+    # Isolated, so that its hosts' network namespace is left behind too.
+    body = shell_job(home, "orphan-box", busybox_image, FOREVER, EnableNetworkIsolation=True)
+    service.create(body)
     wait_until(lambda: "ready" in lines_of(service, "orphan-box"), what="the container's start")
     supervisor = service.get("orphan-box").supervisor
     assert supervisor is not None and containers_of("orphan-box")
+    namespace = f"tp-{network_tag('orphan-box', supervisor[0])}-lo"
+    assert namespace in namespaces()
     os.kill(supervisor[0], signal.SIGKILL)
     wait_until(lambda: not liveness.is_alive(supervisor), what="the supervisor's end")
     assert containers_of("orphan-box")  # the engine keeps it running without its client
@@ -262,6 +273,7 @@ def test_reconcile_removes_the_container_of_a_killed_supervisor(
     assert record.status == "Failed", record
     assert "supervisor" in (record.failure_reason or "")
     assert containers_of("orphan-box") == []
+    assert namespace not in namespaces()
 
 
 # -- MaxRuntimeInSeconds -------------------------------------------------------------------

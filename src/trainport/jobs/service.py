@@ -350,6 +350,10 @@ class JobService:
             )
             killed = any([_stop_group(pgid, record.arn) for pgid in groups])
             killed = _remove_containers(record) or killed
+            from trainport.runners.netns import remove_left
+
+            for name in remove_left(record.name, record.supervisor[0]):
+                log.warning("job %s: removed its network %s", record.name, name)
             job_dir = Path(record.job_dir)
             _unmount_left(record.name, job_dir)
             with contextlib.suppress(Exception):

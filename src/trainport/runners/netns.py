@@ -32,7 +32,9 @@ __all__ = [
     "NamespaceHost",
     "keep_in_order",
     "netns_problem",
+    "network_tag",
     "parse_bandwidth",
+    "remove_left",
     "set_congestion_control",
 ]
 
@@ -119,6 +121,28 @@ def set_congestion_control(netns: str, algorithm: str = CONGESTION_CONTROL) -> s
     return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
 
 
+def network_tag(job: str, supervisor_pid: int) -> str:
+    """What names a job's namespaces and bridge: the supervisor's pid too, since a job name
+    may come back (a rerun) while the last teardown finishes."""
+    return hashlib.sha256(f"{job}:{supervisor_pid}".encode()).hexdigest()[:6]
+
+
+def remove_left(job: str, supervisor_pid: int) -> list[str]:
+    """Remove the namespaces and bridge that a dead supervisor of ``job`` made (it tears
+    them down itself when it ends); the names removed."""
+    if netns_problem():
+        return []
+    tag = network_tag(job, supervisor_pid)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    left = [line.split()[0] for line in listed.splitlines() if line.startswith(f"tp-{tag}-")]
+    for namespace in left:
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+    bridge = f"tpb{tag}"
+    if subprocess.run(["ip", "link", "del", bridge], capture_output=True).returncode == 0:
+        left.append(bridge)
+    return left
+
+
 class HostNetwork:
     """Bridge, namespaces and veth pairs for one job's hosts."""
 
@@ -133,8 +157,7 @@ class HostNetwork:
         problem = netns_problem()
         if problem:
             raise SandboxError(problem)
-        # The pid too: a job name may come back (a rerun) while the last teardown finishes.
-        tag = hashlib.sha256(f"{job}:{os.getpid()}".encode()).hexdigest()[:6]
+        tag = network_tag(job, os.getpid())
         self.bridge = f"tpb{tag}"
         digest = int(tag, 16)
         self.subnet = f"10.{100 + digest % 150}.{(digest >> 8) % 256}"
@@ -228,8 +251,7 @@ class JobLoopback:
         problem = netns_problem()
         if problem:
             raise SandboxError(problem)
-        tag = hashlib.sha256(f"{job}:{os.getpid()}".encode()).hexdigest()[:6]
-        self.namespace = f"tp-{tag}-lo"
+        self.namespace = f"tp-{network_tag(job, os.getpid())}-lo"
 
     def __enter__(self) -> JobLoopback:
         try:
