@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainport.errors import ValidationError
-from trainport.runners.container import LABEL_JOB, LABEL_JOB_DIR, ContainerJob, safe_name
+from trainport.runners.container import (
+    LABEL_JOB,
+    LABEL_JOB_DIR,
+    ContainerJob,
+    network_problem,
+    safe_name,
+)
 from trainport.spec import JobSpec
 
 __all__ = [
@@ -83,7 +89,12 @@ def check_runnable(spec: JobSpec) -> str:
     error now."""
     from trainport.host import mpi
 
-    if container_engine(spec) is not None:
+    engine = container_engine(spec)
+    if engine is not None:
+        namespaces = spec.tags.get("trainport:network") == "namespaces"
+        problem = network_problem(engine, len(spec.hosts), namespaces, spec.network_isolation)
+        if problem:
+            raise ValidationError(problem)
         return "container"
 
     if mpi.mpi_settings(spec) is not None:

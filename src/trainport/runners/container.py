@@ -37,6 +37,7 @@ __all__ = [
     "find_engine",
     "image_present",
     "is_framework_image",
+    "network_problem",
     "pull_image",
     "remove_job_containers",
     "safe_name",
@@ -61,6 +62,11 @@ _PODMAN_FLAGS = (
 # label=trainport.job=NAME) and its folder, unique to one TRAINPORT_HOME.
 LABEL_JOB = "trainport.job"
 LABEL_JOB_DIR = "trainport.job-dir"
+_DOCKER_NO_NAMESPACE = (
+    "{what} puts each container in a network namespace of trainport's, and docker cannot "
+    "join one; set TRAINPORT_CONTAINER_ENGINE=podman, or leave the job on the machine's "
+    "network (no trainport:network tag, one host when network-isolated)"
+)
 # SageMaker's deep-learning containers live in ECR under these account-scoped names.
 _FRAMEWORK_IMAGE = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com(\.cn)?/")
 
@@ -93,19 +99,25 @@ def engine_kind(engine: str) -> str:
 def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
     """The engine command line that runs one host of ``job`` (pure: reads no state)."""
     argv = [job.engine, "run", "--rm", "--name", job.name, "--hostname", job.host]
-    if engine_kind(job.engine) == "podman":
+    docker = engine_kind(job.engine) == "docker"
+    if not docker:
         argv += _PODMAN_FLAGS
-    argv += ["--init=false"] if engine_kind(job.engine) == "podman" else []
-    if job.network_isolation and not placement.netns:
+    # The image's entrypoint is PID 1, as under SageMaker, whatever the engine's default.
+    argv += ["--init=false"]
+    if job.network_isolation and (docker or not placement.netns):
         # Nothing but a loopback of its own. With a namespace, that is the job's (see
         # runners.netns): an isolated job's hosts still reach each other there, as in
-        # SageMaker, and nothing else.
+        # SageMaker, and nothing else. Docker cannot join it; for one host its own
+        # loopback is the same (network_problem refuses more hosts).
         argv += ["--network", "none"]
     elif placement.netns:
+        if docker:
+            raise SandboxError(_DOCKER_NO_NAMESPACE.format(what="this job's network"))
         argv += ["--network", f"ns:/run/netns/{placement.netns}"]
     else:
-        # The machine's network with a UTS namespace of its own, so the hostname is algo-k.
-        argv += ["--network", "host", "--uts", "private"]
+        # The machine's network with a UTS namespace of its own, so the hostname is algo-k
+        # (docker gives one unasked and has no --uts private).
+        argv += ["--network", "host", *([] if docker else ["--uts", "private"])]
     for sub in MOUNTED:
         argv += ["-v", f"{placement.root / sub}:{OPT_ML}/{sub}"]
     extra = _extra_mount(job)
@@ -131,6 +143,22 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
     else:
         argv += [job.image, "train"]
     return argv
+
+
+def network_problem(engine: str, hosts: int, namespaces: bool, isolated: bool) -> str | None:
+    """Why ``engine`` cannot give a job's hosts the network it asks for, or None.
+
+    Docker joins no network namespace by path (podman's ``--network ns:`` has no docker
+    counterpart, and its ``--network container:`` forbids a hostname of the container's
+    own), so the namespace network, and isolated hosts that must reach each other in the
+    job's namespace, need podman. One isolated host is a container with no network."""
+    if engine_kind(engine) != "docker":
+        return None
+    if namespaces:
+        return _DOCKER_NO_NAMESPACE.format(what="Tags: trainport:network=namespaces")
+    if isolated and hosts > 1:
+        return _DOCKER_NO_NAMESPACE.format(what="EnableNetworkIsolation with several hosts")
+    return None
 
 
 def _extra_mount(job: ContainerJob) -> str | None:
