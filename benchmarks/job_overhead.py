@@ -21,10 +21,11 @@ enters the figure.
 
 A runner written ``sandbox:WAY`` runs the sandbox made that way (``TRAINPORT_SANDBOX``).
 The runner ``container`` runs the job as a busybox image in the container engine (built
-here, no registry needed), its user code ``echo``: busybox has no sub-second clock, so its
-first line is timed when trainport receives it (the log's own stamp), which a Python job's
-interpreter start (~20-40 ms) does not delay; the container column is thus slightly
-flattered against the others.
+here, no registry needed; ``container:docker`` or ``container:podman`` names the engine,
+``TRAINPORT_CONTAINER_ENGINE``: docker's daemon must be running), its user code ``echo``:
+busybox has no sub-second clock, so its first line is timed when trainport receives it (the
+log's own stamp), which a Python job's interpreter start (~20-40 ms) does not delay; the
+container column is thus slightly flattered against the others.
 With both a sandbox and the process runner, the sandbox's cost over the process runner
 (to the first line, paired run by run) is printed against its budget of 100 ms.
 """
@@ -101,18 +102,22 @@ def trainport_command() -> list[str]:
 BENCH_IMAGE = "localhost/trainport-bench-busybox:1"
 
 
-def bench_image() -> str:
-    """A busybox image in podman, built once (FROM scratch: no registry needed)."""
-    podman = shutil.which("podman") or "podman"
-    if subprocess.run([podman, "image", "exists", BENCH_IMAGE]).returncode == 0:
+def bench_image(engine: str) -> str:
+    """A busybox image in ``engine``, built once (FROM scratch: no registry needed)."""
+    from trainport.runners.container import engine_kind, image_present
+
+    engine = shutil.which(engine) or engine
+    if image_present(engine, BENCH_IMAGE):
         return BENCH_IMAGE
     context = Path(tempfile.mkdtemp(prefix="trainport-bench-image-"))
     shutil.copy("/bin/busybox", context / "busybox")
     (context / "Containerfile").write_text(
         'FROM scratch\nCOPY busybox /bin/busybox\nRUN ["/bin/busybox", "--install", "-s", "/bin"]\n'
     )
+    runtime = ["--runtime", "runc"] if engine_kind(engine) == "podman" else []
+    containerfile = ["-f", str(context / "Containerfile")]
     subprocess.run(
-        [podman, "build", "--runtime", "runc", "-q", "-t", BENCH_IMAGE, str(context)],
+        [engine, "build", *runtime, "-q", *containerfile, "-t", BENCH_IMAGE, str(context)],
         check=True,
         capture_output=True,
     )
@@ -172,18 +177,28 @@ def job_log(home: Path, name: str) -> Path:
 
 
 def runner_env(runner: str, env: dict[str, str]) -> dict[str, str]:
-    """The environment for ``runner`` (``sandbox:WAY`` picks the sandbox's way)."""
+    """The environment for ``runner`` (``sandbox:WAY`` picks the sandbox's way,
+    ``container:ENGINE`` the engine)."""
     _, _, way = runner.partition(":")
-    return {**env, "TRAINPORT_SANDBOX": way} if way else env
+    if not way:
+        return env
+    return {
+        **env,
+        "TRAINPORT_CONTAINER_ENGINE" if is_container(runner) else "TRAINPORT_SANDBOX": way,
+    }
+
+
+def is_container(runner: str) -> bool:
+    return runner.partition(":")[0] == "container"
 
 
 def image_for(runner: str) -> str | None:
-    return bench_image() if runner == "container" else None
+    return bench_image(runner.partition(":")[2] or "podman") if is_container(runner) else None
 
 
 def cli_runner(runner: str) -> str:
     """A TrainingImage the engine has runs in a container whatever the runner flag says."""
-    return "sandbox" if runner == "container" else runner.partition(":")[0]
+    return "sandbox" if is_container(runner) else runner.partition(":")[0]
 
 
 def median_ms(values: list[float]) -> float:
@@ -222,7 +237,7 @@ def main() -> int:
             name = f"warm-{r.replace(':', '-')}"
             write_job(job, script, marker, name, image_for(r))
             argv = [*tp, "run", str(job), "--runner", cli_runner(r)]
-            time_one(argv, marker, runner_env(r, env), job_log(home, name), r == "container")
+            time_one(argv, marker, runner_env(r, env), job_log(home, name), is_container(r))
         for i in range(args.repeat):
             start, first, end, _ = time_one([sys.executable, str(script), str(marker)], marker, env)
             floor.first_line.append(first - start)
@@ -233,7 +248,7 @@ def main() -> int:
                 write_job(job, script, marker, name, image_for(r))
                 argv = [*tp, "run", str(job), "--runner", cli_runner(r)]
                 start, first, end, _ = time_one(
-                    argv, marker, runner_env(r, env), job_log(home, name), r == "container"
+                    argv, marker, runner_env(r, env), job_log(home, name), is_container(r)
                 )
                 by_runner[r].first_line.append(first - start)
                 by_runner[r].total.append(end - start)
