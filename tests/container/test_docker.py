@@ -1,16 +1,20 @@
 """What differs under docker: its command line, the networks it can and cannot give a
-job's hosts, and a 2-host job in two docker containers. The contract itself runs on docker
-in test_container_jobs.py (its ``engine`` fixture); the daemon is the tests' own
-(conftest.py)."""
+job's hosts, a 2-host job in two docker containers, and the container a killed supervisor
+left to the daemon. The contract itself runs on docker in test_container_jobs.py (its
+``engine`` fixture); the daemon is the tests' own (conftest.py)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import free_port, request, wait_for
+from tests.conftest import free_port, request, wait_for, wait_until
 from tests.container import test_container_lifecycle as lifecycle
 from tests.container.test_container_argv import job, placement
 from tests.container.test_container_jobs import _image_tag, image_job
@@ -124,3 +128,44 @@ def test_two_hosts_in_two_docker_containers(
     assert record.status == "Completed", (record.failure_reason, lines)
     assert "algo-1 got: hello from algo-2" in lines
     assert any(f"{docker_image} in {dockerd}" in t.message for t in record.transitions)
+
+
+def docker_containers_of(docker: str, job: str) -> list[str]:
+    listed = subprocess.run(
+        [docker, "ps", "-a", "-q", "--filter", f"label=trainport.job={job}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return listed.stdout.split()
+
+
+@pytest.fixture
+def leave_no_docker_containers(dockerd: str) -> Iterator[None]:
+    """Whatever a failing test left running is removed (this test's job only)."""
+    yield
+    ids = docker_containers_of(dockerd, "dk-orphan")
+    if ids:
+        subprocess.run([dockerd, "rm", "-f", *ids], capture_output=True)
+
+
+def test_reconcile_removes_the_docker_container_of_a_killed_supervisor(
+    home: Path,
+    service: JobService,
+    docker_image: str,
+    dockerd: str,
+    leave_no_docker_containers: None,
+) -> None:
+    from trainport.jobs import liveness
+
+    service.create(lifecycle.shell_job(home, "dk-orphan", docker_image, lifecycle.FOREVER))
+    wait_until(lambda: "ready" in lifecycle.lines_of(service, "dk-orphan"), what="its start")
+    supervisor = service.get("dk-orphan").supervisor
+    assert supervisor is not None
+    os.kill(supervisor[0], signal.SIGKILL)
+    wait_until(lambda: not liveness.is_alive(supervisor), what="the supervisor's end")
+    assert docker_containers_of(dockerd, "dk-orphan")  # the daemon keeps it running
+    service.reconcile()
+    record = service.get("dk-orphan")
+    assert record.status == "Failed" and "supervisor" in (record.failure_reason or ""), record
+    assert docker_containers_of(dockerd, "dk-orphan") == []
