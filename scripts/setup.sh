@@ -17,8 +17,10 @@ apt_packages="bubblewrap"
 [ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium openmpi-bin libopenmpi-dev cmake g++"
 # Container jobs: podman with runc (crun refuses hybrid cgroups), busybox-static for the
 # test images built locally (no registry is reachable); docker.io for the same tests under
-# docker (they start a private dockerd of their own; this script starts no service).
+# docker (they start a private dockerd of their own; this script starts no service);
+# mmdebstrap for the Python image of the script-mode container tests (see below).
 [ "${1:-}" = "--test" ] && apt_packages="$apt_packages podman runc busybox-static docker.io"
+[ "${1:-}" = "--test" ] && apt_packages="$apt_packages mmdebstrap"
 missing=""
 for p in $apt_packages; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
@@ -49,6 +51,11 @@ fi
 # Horovod for the MPI tests: built from source for this torch, cached by its inputs.
 if [ "${1:-}" = "--test" ]; then
   .venv/bin/python -c 'import horovod.torch' 2>/dev/null || scripts/build-horovod.sh >&2
+fi
+# The Python image with the sagemaker-training toolkit and torch, for the container tests
+# of script mode and torchrun: built once (about 2 minutes), then kept in podman and cached.
+if [ "${1:-}" = "--test" ] && [ "$(id -u)" = 0 ] && command -v podman >/dev/null; then
+  scripts/build-python-image.sh >/dev/null
 fi
 # The SageMaker Python SDK v3, for docs/sagemaker-sdk.md's ModelTrainer example: it cannot
 # share .venv with v2, so it has a venv of its own, keyed by its own stamp (the
