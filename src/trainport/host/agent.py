@@ -404,8 +404,17 @@ class HostAgent:
             self._notes.append(f"running image {spec.training_image} in {engine}")
             if spec.network_isolation and len(self.plan.hosts) > 1 and not self.plan.netns:
                 raise ValidationError(commands.ISOLATED_HOSTS_NEED_NAMESPACES)
+            code = commands.code_to_stage(spec)
+            if code is not None:  # the image's toolkit finds it there and downloads nothing
+                self._unpack_code(code, layout)
             return commands.container_command(
-                spec, engine, self.plan.host, self.plan.arn, share.devices, self.plan.job_dir
+                spec,
+                engine,
+                self.plan.host,
+                self.plan.arn,
+                share.devices,
+                self.plan.job_dir,
+                mount_code=code is not None,
             )
         if spec.network_isolation and not self.plan.netns:
             # Without root there is no namespace to put the job in; its code runs all the
@@ -426,11 +435,7 @@ class HostAgent:
             spec.hyperparameters["sagemaker_submit_directory"].strip('"'),
             field="HyperParameters.sagemaker_submit_directory",
         )
-        script_mode.unpack_sourcedir(
-            self.store.get_bytes(source.bucket, source.key),
-            layout.code_dir,
-            max_bytes=self.settings.max_sourcedir_bytes,
-        )
+        self._unpack_code(source, layout)
         python = script_mode.prepare_python(
             layout.code_dir,
             self.settings.envs_dir,
@@ -462,6 +467,15 @@ class HostAgent:
         if settings is not None:
             return self._mpi_command(settings, argv, python, merged, base_dir, layout, share)
         return commands.Command(tuple(argv), f"{base_dir}/code", merged)
+
+    def _unpack_code(self, source: S3Uri, layout: HostLayout) -> None:
+        from trainport.host import script_mode
+
+        script_mode.unpack_sourcedir(
+            self.store.get_bytes(source.bucket, source.key),
+            layout.code_dir,
+            max_bytes=self.settings.max_sourcedir_bytes,
+        )
 
     # -- MPI --------------------------------------------------------------------------------
 

@@ -22,10 +22,12 @@ from trainport.runners.container import (
     safe_name,
 )
 from trainport.spec import JobSpec
+from trainport.store.api import S3Uri
 
 __all__ = [
     "Command",
     "check_runnable",
+    "code_to_stage",
     "container_command",
     "container_engine",
     "image_dir",
@@ -137,6 +139,28 @@ def check_runnable(spec: JobSpec) -> str:
     )
 
 
+def code_to_stage(spec: JobSpec) -> S3Uri | None:
+    """The source dir that the platform unpacks into /opt/ml/code for a container job in
+    script mode (an image whose toolkit runs ``sagemaker_program``), or None.
+
+    The toolkit in the image would download ``sagemaker_submit_directory`` from S3 itself,
+    unless /opt/ml/code already holds code. trainport's store is often its embedded one,
+    which speaks no S3, and the container may have no network (EnableNetworkIsolation) or
+    one where the machine's endpoint is not reachable (a namespace network); credentials
+    would have to be handed into it too. Unpacking it here, as the input channels are,
+    works in all these cases, and the toolkit then runs the code as it would have. A source
+    dir already inside the container (a path, as the SageMaker SDK sends with network
+    isolation, its code then a channel) is left to the toolkit. An image that keeps code of
+    its own in /opt/ml/code has it hidden for such a job: the request's code is what runs.
+    """
+    if not is_script_mode(spec):
+        return None
+    where = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
+    if not where.startswith("s3://"):
+        return None
+    return S3Uri.parse(where, field="HyperParameters.sagemaker_submit_directory")
+
+
 def container_command(
     spec: JobSpec,
     engine: str,
@@ -144,6 +168,7 @@ def container_command(
     arn: str,
     gpu_devices: tuple[str, ...],
     job_dir: Path | None = None,
+    mount_code: bool = False,
 ) -> Command:
     """The command of a job whose image runs in ``engine``: its environment is the
     request's and the contract's only, never the machine's (the image has its own PATH).
@@ -165,6 +190,7 @@ def container_command(
         gpu_devices=gpu_devices,
         network_isolation=spec.network_isolation,
         checkpoint_path=spec.checkpoint_local_path,
+        mount_code=mount_code,
         labels={
             LABEL_JOB: spec.name,
             "trainport.host": host,

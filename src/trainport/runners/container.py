@@ -9,6 +9,8 @@ What is mounted: SageMaker's subfolders of ``/opt/ml`` (input, model, output, ch
 not the whole tree. Seed 000 reserves ``/opt/ml`` but images commonly keep their code in
 ``/opt/ml/code`` (SAGEMAKER_PROGRAM names a file there); mounting the whole tree would hide
 it, mounting the subfolders keeps it while the job still sees every path of the contract.
+A script-mode job is the exception: its code comes with the request, unpacked by the
+platform and mounted at ``/opt/ml/code``, where the image's toolkit looks for it first.
 
 Signals: the attached ``podman run`` is a client; killing it does not end the container.
 So TERM and KILL go to the container through the engine's ``kill``, and the agent's grace
@@ -90,6 +92,9 @@ class ContainerJob:
     # CheckpointConfig.LocalPath (normalised, under /opt/ml): mounted too when it lies
     # outside the folders above, seeded before and synced after as for any runner.
     checkpoint_path: str = f"{OPT_ML}/checkpoints"
+    # Script mode: the platform unpacked the job's source dir into the host's code folder,
+    # mounted at /opt/ml/code (see host.command.code_to_stage for why).
+    mount_code: bool = False
 
 
 def engine_kind(engine: str) -> str:
@@ -123,6 +128,8 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
     extra = _extra_mount(job)
     if extra:
         argv += ["-v", f"{placement.root / extra}:{OPT_ML}/{extra}"]
+    if job.mount_code:
+        argv += ["-v", f"{placement.root / 'code'}:{OPT_ML}/code"]
     argv += ["-v", f"{placement.hosts_file}:/etc/hosts:ro"]
     for key, value in sorted(job.labels.items()):
         argv += ["--label", f"{key}={value}"]
@@ -198,7 +205,8 @@ class ContainerProcess(HostProcess):
         platform cannot upload or remove; map them back to this user."""
         if os.geteuid() == 0 or engine_kind(self.job.engine) != "podman":
             return  # root reads and removes whatever the image's user wrote
-        for sub in (*MOUNTED, *filter(None, [_extra_mount(self.job)])):
+        code = ["code"] if self.job.mount_code else []
+        for sub in (*MOUNTED, *code, *filter(None, [_extra_mount(self.job)])):
             path = self.root / sub
             if path.exists():
                 subprocess.run(
