@@ -5,6 +5,7 @@ tests of image folders (examples/byoc) on an image."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, request, require, wait_for
+from tests.conftest import put, request, require, wait_for, wait_until
+from tests.test_lifecycle import BYOC, SAVE_ON_TERM, byoc_job, members, transitions
 from tests.test_script_mode_job import script_job
 from trainport.host.command import code_to_stage, container_command
 from trainport.jobs.service import JobService
@@ -69,10 +71,8 @@ def podman() -> str:
     return podman
 
 
-@pytest.fixture
-def python_image(podman: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The Python image in podman, the engine the tests' jobs use."""
-    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", podman)
+@pytest.fixture(scope="module")
+def python_image_in_podman(podman: str) -> str:
     tag = python_image_tag()
     require(
         image_present(podman, tag),
@@ -80,6 +80,13 @@ def python_image(podman: str, monkeypatch: pytest.MonkeyPatch) -> str:
         "(scripts/setup.sh --test does)",
     )
     return tag
+
+
+@pytest.fixture
+def python_image(python_image_in_podman: str, podman: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Python image's tag; podman is the engine the test's jobs use."""
+    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", podman)
+    return python_image_in_podman
 
 
 def model(home: Path, uri: str) -> dict[str, bytes]:
@@ -110,7 +117,6 @@ print(f"trained by {sys.executable} with torch {torch.__version__} in {os.getcwd
 """
 
 
-@pytest.mark.slow
 def test_script_mode_runs_through_the_toolkit_in_the_image(
     home: Path, service: JobService, python_image: str
 ) -> None:
@@ -183,3 +189,109 @@ def test_torchrun_all_reduce_across_two_containers(
     # ranks 0 and 1 add 1 + 2, each in its own container
     assert "algo-1: rank 0 of 2, sum 3.0" in lines, lines
     assert "algo-2: rank 1 of 2, sum 3.0" in other, other
+
+
+# -- the contract tests of image folders, on an image ----------------------------------------
+
+
+@pytest.fixture
+def byoc_image(python_image: str, podman: str) -> str:
+    """examples/byoc's ``train`` (it hard-codes /opt/ml) as the ENTRYPOINT of an image on
+    the Python one: the BYO contract tests of image folders, run on an image."""
+    train = (BYOC / "train").read_bytes()
+    key = hashlib.sha256(train + python_image.encode()).hexdigest()[:12]
+    tag = f"localhost/trainport-test-byoc-python:{key}"
+    if image_present(podman, tag):
+        return tag
+    context = Path.home() / ".cache" / "trainport" / "images" / f"byoc-python-{key}"
+    context.mkdir(parents=True, exist_ok=True)
+    (context / "train").write_bytes(train)
+    (context / "train").chmod(0o755)
+    (context / "Containerfile").write_text(
+        f'FROM {python_image}\nCOPY train /opt/byoc/train\nENTRYPOINT ["/opt/byoc/train"]\n'
+    )
+    containerfile = ["-f", str(context / "Containerfile")]
+    subprocess.run(
+        [podman, "build", "--runtime", "runc", "-q", *containerfile, "-t", tag, str(context)],
+        check=True,
+        capture_output=True,
+    )
+    return tag
+
+
+def byoc_image_job(name: str, image: str, **hps: str) -> dict[str, object]:
+    """test_lifecycle's request with the image for the folder: nothing else changes (its
+    runner tag too goes: an image runs in the engine whichever runner is asked for)."""
+    body = byoc_job(name, **hps)
+    body["AlgorithmSpecification"]["TrainingImage"] = image  # type: ignore[index]
+    del body["Tags"]
+    return body
+
+
+def test_two_concurrent_byoc_jobs_in_an_image_each_see_only_their_own_opt_ml(
+    home: Path, service: JobService, byoc_image: str
+) -> None:
+    put(home, "data", "job-a/one.txt", "aaaa")
+    put(home, "data", "job-a/deep/two.txt", "aa")
+    put(home, "data", "job-b/three.txt", "bbbbbbbbb")
+    service.create(byoc_image_job("job-a", byoc_image, sleep="1", lr="0.1"))
+    service.create(byoc_image_job("job-b", byoc_image, sleep="1"))
+    a, b = wait_for(service, "job-a"), wait_for(service, "job-b")
+    assert (a.status, b.status) == ("Completed", "Completed"), (a.failure_reason, b.failure_reason)
+    log_a = lines_of(service, "job-a")
+    assert 'hyperparameters={"lr": "0.1", "sleep": "1"}' in log_a
+    assert 'host=algo-1 files=["deep/two.txt", "one.txt"]' in log_a
+    assert json.loads(members(home, str(a.model_artifacts))["model.json"]) == {
+        "job": "job-a",
+        "bytes": 6,
+        "files": ["deep/two.txt", "one.txt"],
+    }
+    assert json.loads(members(home, str(b.model_artifacts))["model.json"])["files"] == ["three.txt"]
+    assert transitions(a) == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
+    for before, after in zip(a.transitions, a.transitions[1:], strict=False):
+        assert before.end_time == after.start_time
+
+
+def test_failure_file_in_an_image_becomes_the_failure_reason(
+    home: Path, service: JobService, byoc_image: str
+) -> None:
+    put(home, "data", "fails/x.txt", "x")
+    service.create(byoc_image_job("fails", byoc_image, fail="yes"))
+    record = wait_for(service, "fails")
+    assert record.status == "Failed"
+    assert record.failure_reason == "RuntimeError: asked to fail by the 'fail' hyperparameter"
+    assert transitions(record)[-1] == "Failed"
+    assert record.model_artifacts  # uploaded after failure too
+
+
+def test_stop_in_an_image_sigterm_grace_and_the_model_saved_in_grace_is_uploaded(
+    home: Path, service: JobService, python_image: str
+) -> None:
+    """test_lifecycle's handler, run by the image's Python from a channel
+    (SAGEMAKER_BASE_DIR is trainport's own variable, given here as the request's)."""
+    put(home, "data", "stop-me/job.py", SAVE_ON_TERM)
+    body = request(
+        "stop-me",
+        AlgorithmSpecification={
+            "TrainingImage": python_image,
+            "TrainingInputMode": "File",
+            "ContainerEntrypoint": ["python3", "-u", "/opt/ml/input/data/code/job.py"],
+        },
+        Environment={"SAGEMAKER_BASE_DIR": "/opt/ml"},
+        InputDataConfig=[
+            {
+                "ChannelName": "code",
+                "DataSource": {
+                    "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://data/stop-me/"}
+                },
+            }
+        ],
+    )
+    service.create(body)
+    wait_until(lambda: "ready" in lines_of(service, "stop-me"), what="ready")
+    assert service.stop("stop-me").status == "Stopping"
+    record = wait_for(service, "stop-me")
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+    assert transitions(record)[-2:] == ["Stopping", "Stopped"]
+    assert members(home, str(record.model_artifacts)) == {"saved-in-grace.txt": b"grace"}
+    assert record.failure_reason is None
