@@ -1,9 +1,11 @@
-"""What a host runs, decided from the spec: an entrypoint, an image folder, or script mode.
+"""What a host runs, decided from the spec: a container, an entrypoint, an image folder, or
+script mode.
 
-SageMaker runs ``<image> train`` or ``ContainerEntrypoint + ContainerArguments``. trainport
-has no container engine, so an "image" is a local folder holding an executable ``train``
-(the bring-your-own-container shape); any other TrainingImage (a framework image URI, as the
-SageMaker SDK sends) works in script mode, where trainport plays the framework container.
+SageMaker runs ``<image> train`` or ``ContainerEntrypoint + ContainerArguments`` in the image.
+An image the machine's container engine has runs that way in a container; without one, an
+"image" is a local folder holding an executable ``train`` (the bring-your-own-container
+shape), and a framework image URI the engine lacks (as the SageMaker SDK sends) works in
+script mode, where trainport plays the framework container.
 """
 
 from __future__ import annotations
