@@ -18,6 +18,11 @@ Pieces and how they fit:
 - :class:`_FifoSeries` is one series' writer thread: mkfifo, wait for the reader, write
   (gunzipping and RecordIO-framing on the way), close, next epoch. A reader that closes
   early gives EPIPE, which ends that epoch and nothing else.
+- Where every object of an epoch is a plain file on this machine (the embedded store) and
+  nothing transforms the bytes (no Gzip, no RecordIO, no augmented manifest), the series
+  skips the read-ahead and splices the files into the FIFO in the kernel
+  (:mod:`trainport.host.splice`): the bytes never pass through Python's memory, and the FIFO
+  runs at the pipe's own speed. Order, sharding, epochs and early close are the same.
 - :class:`PipeChannelServer` holds a channel's series; :func:`serve_channel` resolves a
   channel and starts one. Channels are independent (a series per thread), with no limit on
   how many a job has.
@@ -60,6 +65,7 @@ from trainport.host.channels import (
     shard,
 )
 from trainport.host.recordio_frame import frame_record
+from trainport.host.splice import advise_ahead, splice_file
 from trainport.spec import ChannelSpec
 from trainport.store.api import ObjectStore, S3Uri
 
@@ -84,6 +90,7 @@ class PipeOptions:
     read_ahead: int = 64 << 20  # bytes fetched but not yet written, per series
     max_pieces: int = 512  # pieces in flight per series (many tiny objects)
     pipe_buffer: int = 1 << 20  # wanted pipe capacity (capped by fs.pipe-max-size)
+    splice: bool = True  # splice local files into the FIFO where nothing transforms them
 
 
 def fifo_name(channel: str, epoch: int, worker: int | None = None) -> str:
@@ -221,6 +228,43 @@ class _Gunzip:
             raise JobError(f"{self.label}: its gzip stream ends early (truncated object?)")
 
 
+@dataclass(frozen=True)
+class _LocalFile:
+    label: str
+    path: Path
+    size: int
+
+
+def _local_files(
+    store: ObjectStore, channel: ChannelSpec, items: Sequence[Item]
+) -> list[_LocalFile] | None:
+    """The epoch's objects as local files to splice, or None where the bytes must go
+    through user space (a remote store, gunzipping, RecordIO framing, manifest values)."""
+    if channel.compression == "Gzip" or channel.record_wrapper == "RecordIO":
+        return None
+    files = []
+    for item in items:
+        if not isinstance(item, ChannelObject):
+            return None
+        path = store.local_path(item.bucket, item.key)
+        if path is None:
+            return None
+        files.append(_LocalFile(f"s3://{item.bucket}/{item.key}", path, item.size))
+    return files
+
+
+def _files_within(files: Sequence[_LocalFile], budget: int) -> list[Path]:
+    """The leading files whose sizes fit in ``budget`` bytes (at least one)."""
+    chosen: list[Path] = []
+    total = 0
+    for f in files:
+        if chosen and total + f.size > budget:
+            break
+        chosen.append(f.path)
+        total += f.size
+    return chosen
+
+
 # -- one FIFO series ------------------------------------------------------------------------
 
 
@@ -326,8 +370,12 @@ class _FifoSeries:
             worker=self.worker,
             workers=server.workers,
         )
-        ahead = _ReadAhead(_pieces(server.store, items, opts.part_size), pool, opts)
-        ahead.fill()  # fetch while we wait for the reader
+        files = _local_files(server.store, server.channel, items) if opts.splice else None
+        ahead = _ReadAhead(_pieces(server.store, items, opts.part_size), pool, opts)  # lazy
+        if files is None:
+            ahead.fill()  # fetch while we wait for the reader
+        else:
+            advise_ahead(_files_within(files, opts.read_ahead))  # the same, from the disk
         # Blocks until the training code opens the FIFO.
         fd = os.open(path.name, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=server.folder_fd)
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
@@ -338,16 +386,23 @@ class _FifoSeries:
             if server.stopping.is_set():
                 return
             _enlarge_pipe(fd, opts.pipe_buffer)
-            for chunk in self._stream(ahead):
-                _write_all(fd, chunk)
-                sent += len(chunk)
+            if files is None:
+                for chunk in self._stream(ahead):
+                    _write_all(fd, chunk)
+                    sent += len(chunk)
+            else:
+                # No fadvise per object here: on a warm page cache it cost a fifth of the
+                # throughput (measured); the kernel's own read-ahead follows a splice.
+                for local in files:
+                    sent += splice_file(fd, local.path, local.size, local.label)
             log.info(
-                "channel %s: %s complete, %.1f MiB of %d objects/records in %.2f s",
+                "channel %s: %s complete, %.1f MiB of %d objects/records in %.2f s%s",
                 server.channel.name,
                 path.name,
                 sent / (1 << 20),
                 len(items),
                 time.monotonic() - began,
+                "" if files is None else " (spliced)",
             )
         except BrokenPipeError:
             log.info(

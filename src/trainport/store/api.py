@@ -92,6 +92,12 @@ class ObjectStore(ABC):
     def exists(self, bucket: str, key: str) -> bool:
         return any(o.key == key for o in self.list_objects(bucket, key))
 
+    def local_path(self, bucket: str, key: str) -> Path | None:
+        """The object as a plain file on this machine, where the store keeps it so (the
+        embedded store does); ``None`` otherwise. Pipe mode splices such a file into its FIFO
+        in the kernel instead of reading it into memory."""
+        return None
+
     def iter_chunks(self, bucket: str, key: str, chunk: int = 1 << 20) -> Iterator[bytes]:
         with self.open_stream(bucket, key) as stream:
             while block := stream.read(chunk):

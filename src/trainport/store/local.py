@@ -170,3 +170,6 @@ class LocalStore(ObjectStore):
 
     def exists(self, bucket: str, key: str) -> bool:
         return self._path(bucket, key).is_file()
+
+    def local_path(self, bucket: str, key: str) -> Path | None:
+        return self._path(bucket, key)
