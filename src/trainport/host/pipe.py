@@ -284,11 +284,24 @@ def _enlarge_pipe(fd: int, want: int) -> None:
             continue
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+Buffers = Sequence[bytes | memoryview]
+_IOV_MAX = 1024  # buffers per writev (the kernel's UIO_MAXIOV)
+
+
+def _write_all(fd: int, buffers: Buffers) -> int:
+    """Write ``buffers`` in order with as few calls as the pipe allows (writev, so a RecordIO
+    header and its payload go in one call without joining them); returns the bytes written."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    total = sum(len(v) for v in views)
+    first = 0
+    while first < len(views):
+        written = os.writev(fd, views[first : first + _IOV_MAX])
+        while first < len(views) and written >= len(views[first]):
+            written -= len(views[first])
+            first += 1
+        if written:
+            views[first] = views[first][written:]
+    return total
 
 
 class _FifoSeries:
@@ -387,9 +400,8 @@ class _FifoSeries:
                 return
             _enlarge_pipe(fd, opts.pipe_buffer)
             if files is None:
-                for chunk in self._stream(ahead):
-                    _write_all(fd, chunk)
-                    sent += len(chunk)
+                for buffers in self._stream(ahead):
+                    sent += _write_all(fd, buffers)
             else:
                 # No fadvise per object here: on a warm page cache it cost a fifth of the
                 # throughput (measured); the kernel's own read-ahead follows a splice.
@@ -418,7 +430,7 @@ class _FifoSeries:
             ahead.cancel()
             os.close(fd)
 
-    def _stream(self, ahead: _ReadAhead) -> Iterator[bytes | memoryview]:
+    def _stream(self, ahead: _ReadAhead) -> Iterator[Buffers]:
         """The bytes of an epoch, as large writes: gunzipped and framed as configured."""
         channel = self.server.channel
         gzip = channel.compression == "Gzip"
@@ -436,14 +448,14 @@ class _FifoSeries:
             else:
                 out = [data]
             if not recordio:
-                yield from out
+                yield out
                 continue
             record += out
             if piece.last:
                 payload = record[0] if len(record) == 1 else b"".join(record)
                 record = []
                 try:
-                    yield b"".join(frame_record(payload, what=piece.label))
+                    yield frame_record(payload, what=piece.label)
                 except ValueError as exc:
                     raise JobError(str(exc)) from exc
 
