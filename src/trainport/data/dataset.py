@@ -25,7 +25,8 @@ there, so a restarted job sees the identical next records:
 
 The state is per reader. With DataLoader workers, use a loader that checkpoints each
 worker's dataset (``torchdata.stateful_dataloader.StatefulDataLoader`` calls these methods
-in every worker), or ``num_workers=0``.
+in every worker, and a fresh loader restored from its state sees every record of the epoch
+exactly once, for listed and per-worker Pipe channels alike), or ``num_workers=0``.
 """
 
 from __future__ import annotations
