@@ -2,11 +2,23 @@
 
 Connection failures become :class:`StoreError` naming the endpoint, so "unreachable store"
 is one clear line rather than a botocore traceback.
+
+Ranged reads (Pipe mode's fetches, FastFile's blocks) take a lean path: a presigned URL per
+object, made once and reused for minutes, then a bare GET with a ``Range`` header on the
+client's own HTTP session (its pool, TLS settings and proxies). The SDK's per-request work
+(parameter validation, signing, event hooks, response parsing) cost about 1.5 ms of CPU per
+request, measured against moto: with 1 MiB objects on a 2-core machine that made Pipe mode
+0.7x a plain parallel GET client. Anything but a 206 answer (a missing object, an expired
+URL, a dropped connection) is retried through the SDK's own call, which has the retries and
+gives the error its meaning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -14,15 +26,39 @@ from typing import Any, BinaryIO, cast
 import boto3
 import botocore.config
 import botocore.exceptions
+import urllib3.exceptions
 from boto3.s3.transfer import TransferConfig
+from botocore.awsrequest import AWSRequest
 
 from trainport.errors import StoreError
 from trainport.store.api import ObjectInfo, ObjectStore
 
 __all__ = ["S3Store"]
 
+log = logging.getLogger(__name__)
+
 # Objects below this size are fetched with one GET; larger ones in parallel ranged parts.
 _MULTIPART = 16 << 20
+# Presigned URLs for ranged reads: valid this long, reused while this much validity is left.
+_URL_SECONDS = 900
+_URL_MARGIN = 300
+_URL_CACHE = 10_000  # objects remembered before the cache starts over
+_LEAN_ERRORS = (botocore.exceptions.BotoCoreError, urllib3.exceptions.HTTPError, OSError)
+
+
+def _whole_range(content_range: str, start: int, end: int, data: bytes) -> bool:
+    """Whether ``data`` is the whole answer to a request for bytes ``[start, end)``: the
+    range the server says it sent (``bytes first-last/size``) starts at ``start``, ends by
+    ``end`` (earlier only at the object's end) and is as long as ``data``."""
+    unit, _, rest = content_range.partition(" ")
+    span, _, size = rest.partition("/")
+    first, _, last = span.partition("-")
+    if unit != "bytes" or not (first.isdigit() and last.isdigit()):
+        return False
+    a, b = int(first), int(last)
+    if a != start or b >= end or len(data) != b - a + 1:
+        return False
+    return b == end - 1 or (size.isdigit() and b == int(size) - 1)
 
 
 class S3Store(ObjectStore):
@@ -41,6 +77,12 @@ class S3Store(ObjectStore):
         self._transfer = TransferConfig(
             multipart_threshold=_MULTIPART, multipart_chunksize=8 << 20, max_concurrency=8
         )
+        # The client's HTTP session (private in botocore, stable for years); without it
+        # every ranged read takes the SDK call.
+        endpoint = getattr(self.client, "_endpoint", None)
+        self._http: Any = getattr(endpoint, "http_session", None)
+        self._urls: dict[tuple[str, str], tuple[str, float]] = {}
+        self._urls_lock = threading.Lock()
 
     @contextlib.contextmanager
     def _errors(self, what: str) -> Iterator[None]:
@@ -127,12 +169,63 @@ class S3Store(ObjectStore):
     def read_range(self, bucket: str, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
+        data = self._lean_range(bucket, key, start, end) if self._http is not None else None
+        if data is not None:
+            return data
         with self._errors(f"reading s3://{bucket}/{key}"):
             resp: dict[str, Any] = self.client.get_object(
                 Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
             )
             return cast(bytes, resp["Body"].read())
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _url(self, bucket: str, key: str) -> str:
+        now = time.monotonic()
+        with self._urls_lock:
+            cached = self._urls.get((bucket, key))
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        url: str = self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=_URL_SECONDS
+        )
+        with self._urls_lock:
+            if len(self._urls) >= _URL_CACHE:
+                self._urls.clear()
+            self._urls[(bucket, key)] = (url, now + _URL_SECONDS - _URL_MARGIN)
+        return url
+
+    def _lean_range(self, bucket: str, key: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` by one GET on a presigned URL, or None where the SDK's call
+        should answer instead (see the module docstring)."""
+        try:
+            request = AWSRequest(
+                method="GET",
+                url=self._url(bucket, key),
+                headers={"Range": f"bytes={start}-{end - 1}"},
+            ).prepare()
+            request.stream_output = True  # the body is read below, in one call
+            response = self._http.send(request)
+        except _LEAN_ERRORS as exc:
+            log.debug("s3://%s/%s: presigned GET failed (%s); using the SDK", bucket, key, exc)
+            return None
+        raw = response.raw
+        try:
+            if response.status_code != 206:
+                with self._urls_lock:  # expired or revoked, perhaps: sign afresh next time
+                    self._urls.pop((bucket, key), None)
+                raw.drain_conn()  # an error body is short; the connection stays usable
+                return None
+            data: bytes = raw.read()
+            # botocore turns urllib3's length check off; a short body must not pass.
+            if not _whole_range(response.headers.get("Content-Range", ""), start, end, data):
+                log.debug("s3://%s/%s: presigned GET gave a short or odd range", bucket, key)
+                return None
+            return data
+        except _LEAN_ERRORS as exc:
+            log.debug("s3://%s/%s: presigned GET broke off (%s); using the SDK", bucket, key, exc)
+            return None
+        finally:
+            raw.release_conn()
 
     def delete(self, bucket: str, key: str) -> None:
         with self._errors(f"deleting s3://{bucket}/{key}"):
