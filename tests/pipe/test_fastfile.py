@@ -17,8 +17,9 @@ from trainport.config import load_settings
 from trainport.host import fastfile
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.channels import resolve_channel
+from trainport.host.events import HostEvent, StatusChanged
 from trainport.jobs.service import JobService
-from trainport.jobs.status import Event, Phase
+from trainport.jobs.status import Phase
 from trainport.runners.process import ProcessRunner
 from trainport.runners.sandbox import sandbox_problem
 from trainport.spec import ChannelSpec, parse_request
@@ -149,21 +150,24 @@ def test_without_fuse_the_channel_falls_back_to_file_mode(
     monkeypatch.setattr(fastfile, "fuse_problem", lambda: "no /dev/fuse here (test)")
     settings = load_settings()
     spec = parse_request(ff_request("ff-fallback"))
-    events: list[Event] = []
+    events: list[HostEvent] = []
     plan = HostPlan(spec, "arn:test", "algo-1", ("algo-1",), settings.jobs_dir / spec.name)
     agent = HostAgent(
         plan,
         store=CountingStore(settings.store_root),
         runner=ProcessRunner(),
         settings=settings,
-        emit=events.append,
-        on_metrics=lambda points: None,
+        report=events.append,
     )
     finished = agent.run()
     assert finished.exit_code == 0, finished
     log = plan.log_path.read_text()
     assert f"FOUND {expected_hashes(FILES)}" in log
-    messages = [e.message for e in events if isinstance(e, Phase)]
+    messages = [
+        e.change.message
+        for e in events
+        if isinstance(e, StatusChanged) and isinstance(e.change, Phase)
+    ]
     note = "FastFile unavailable (no /dev/fuse here (test)); channel ff staged in File mode"
     assert note in messages
     assert any(m.startswith("Training in progress") and note in m for m in messages)

@@ -1,9 +1,12 @@
 """The host agent: one host's whole life, reported as events.
 
 ``HostAgent.run`` goes Downloading -> Training -> Uploading and returns how the training
-process ended. The supervisor above it owns job-level policy (stop requests, max runtime,
-the status machine); it calls :meth:`HostAgent.terminate` to stop, which forwards SIGTERM to
-the training process group, waits the grace period, then sends SIGKILL.
+process ended. Everything it has to tell happens through ``report`` as the plain-data events
+of :mod:`trainport.host.events`, so the agent runs the same in the supervisor's process or
+on a cluster node (see :mod:`trainport.placement`). The supervisor above it owns job-level
+policy (stop requests, max runtime, the status machine); it calls :meth:`HostAgent.terminate`
+to stop, which forwards SIGTERM to the training process group, waits the grace period, then
+sends SIGKILL.
 """
 
 from __future__ import annotations
@@ -35,10 +38,17 @@ from trainport.host.channels import (
     stage_file_channel,
 )
 from trainport.host.checkpoints import CheckpointSync
+from trainport.host.events import (
+    HostEvent,
+    LogLines,
+    MetricsFound,
+    StatusChanged,
+    TrainingStarted,
+)
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
 from trainport.host.metrics import MetricMatcher
 from trainport.jobs.records import MetricPoint
-from trainport.jobs.status import Event, Finished, Phase, Progress
+from trainport.jobs.status import Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
 from trainport.runners.container import ContainerRunner
 from trainport.spec import JobSpec
@@ -131,21 +141,17 @@ class HostAgent:
         store: ObjectStore,
         runner: Runner,
         settings: Settings,
-        emit: Callable[[Event], None],
-        on_metrics: Callable[[list[MetricPoint]], None],
-        on_started: Callable[[int], None] = lambda pgid: None,
+        report: Callable[[HostEvent], None],
     ) -> None:
         self.plan = plan
         self.store = store
         self.runner = runner
         self.settings = settings
-        self.emit = emit
-        self.on_metrics = on_metrics
-        self.on_started = on_started
+        self.report = report
         # Matched in a process of its own: a user's Regex must not hold up this one.
         self.metrics = MetricMatcher(
             plan.spec.metric_definitions,
-            on_points=on_metrics,
+            on_points=self._metrics_found,
             on_disabled=lambda message: self._log_line(f"[trainport] {message}"),
         )
         self._process: HostProcess | None = None
@@ -163,6 +169,12 @@ class HostAgent:
         self._launch: mpi.LaunchRequest | None = None
         self._mpi_follower = False
         self._demux: mpi.RankDemux | None = None
+
+    def emit(self, change: Phase | Progress) -> None:
+        self.report(StatusChanged(self.plan.host, change))
+
+    def _metrics_found(self, points: list[MetricPoint]) -> None:
+        self.report(MetricsFound(self.plan.host, tuple(points)))
 
     # -- stopping -------------------------------------------------------------------------
 
@@ -599,8 +611,10 @@ class HostAgent:
     # -- training -------------------------------------------------------------------------
 
     def _log_line(self, text: str) -> None:
+        now = time.time()
         with open(self.plan.log_path, "a", encoding="utf-8") as f:
-            f.write(f"{time.time():.3f}\t{text}\n")
+            f.write(f"{now:.3f}\t{text}\n")
+        self.report(LogLines(self.plan.host, ((now, text),)))
 
     def _train(
         self, cmd: commands.Command, layout: HostLayout, checkpoints: CheckpointSync | None
@@ -622,7 +636,7 @@ class HostAgent:
             runner = ContainerRunner(cmd.container) if cmd.container else self.runner
             process = runner.start(placement)
             self._process = process
-        self.on_started(process.pgid)
+        self.report(TrainingStarted(self.plan.host, process.pgid))
         log.info("host %s started %s (process group %d)", self.plan.host, cmd.argv, process.pgid)
         done = threading.Event()
         syncer = None
@@ -678,17 +692,20 @@ class HostAgent:
             def write(host: str | None, text: bytes, now: float) -> bool:
                 """Log one line; True if it is this host's (and so feeds metrics)."""
                 stamp = f"{now:.3f}\t".encode()
-                if host is None or host == self.plan.host:
-                    out.write(stamp + text.rstrip(b"\n") + b"\n")
+                line = text.rstrip(b"\n")
+                target = host or self.plan.host
+                if target == self.plan.host:
+                    out.write(stamp + line + b"\n")
                     out.flush()
-                    return True
-                # MPI: a rank on another host; its lines belong in that host's log.
-                if host not in elsewhere:
-                    path = self.plan.job_dir / "logs" / f"{host}.log"
-                    elsewhere[host] = others.enter_context(open(path, "ab"))
-                elsewhere[host].write(stamp + text + b"\n")
-                elsewhere[host].flush()
-                return False
+                else:
+                    # MPI: a rank on another host; its lines belong in that host's log.
+                    if target not in elsewhere:
+                        path = self.plan.job_dir / "logs" / f"{target}.log"
+                        elsewhere[target] = others.enter_context(open(path, "ab"))
+                    elsewhere[target].write(stamp + text + b"\n")
+                    elsewhere[target].flush()
+                self.report(LogLines(target, ((now, line.decode("utf-8", "replace")),)))
+                return target == self.plan.host
 
             for raw in _output_lines(process.stdout, ended):
                 now = time.time()

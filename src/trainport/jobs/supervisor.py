@@ -1,7 +1,8 @@
 """The supervisor: one process per running job, owning its record while it runs.
 
-It runs the host agent in a thread and applies job-level policy around it: stop requests
-(written to the record by :meth:`JobService.stop`, with SIGUSR1 as a wake-up), the
+It places the job's host agents (:mod:`trainport.placement`), turns their event stream into
+the job's record, and applies job-level policy around them: stop requests
+(written to the record by :meth:`JobService.stop`, read every 0.2 s), the
 MaxRuntimeInSeconds deadline, and the status machine. Started detached by the job service
 as ``python -m trainport.jobs.supervisor NAME`` so a job outlives the command that
 submitted it.
@@ -19,18 +20,27 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 from trainport.config import Settings, load_settings
 from trainport.errors import DatabaseError, TrainportError
 from trainport.host import mpi
-from trainport.host.agent import HostAgent, HostPlan
+from trainport.host.agent import HostPlan
 from trainport.host.artifacts import scratch_dir, upload_merged
+from trainport.host.events import (
+    HostEnded,
+    HostEvent,
+    MetricsFound,
+    StatusChanged,
+    TrainingStarted,
+)
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
 from trainport.jobs.status import Event, Finished, Phase, Progress, Status, StopRequested, advance
+from trainport.placement import HostGroup, LocalHosts
 from trainport.runners.api import select_runner
 from trainport.runners.netns import HostNetwork, JobLoopback, netns_problem
 from trainport.spec import JobSpec, parse_request
@@ -105,15 +115,15 @@ def supervise(name: str, settings: Settings) -> int:
     grace = spec.stop_grace_seconds
     if grace is None:
         grace = settings.stop_grace_seconds
-    wake = threading.Event()
     terminate_signal = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGTERM:
             terminate_signal.set()  # a SIGTERM to the supervisor means: stop the job
-        wake.set()
 
-    signal.signal(signal.SIGUSR1, on_signal)  # the service wrote a stop request: look now
+    # The service wrote a stop request; the loop reads the record every _POLL seconds, so
+    # the signal only has to not end this process.
+    signal.signal(signal.SIGUSR1, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
     hosts = spec.hosts
@@ -135,7 +145,7 @@ def supervise(name: str, settings: Settings) -> int:
         db.update(name, lambda r: advance(r, failed, time.time()))
         return 1
     try:
-        return _run_hosts(db, name, record, spec, settings, grace, wake, terminate_signal,
+        return _run_hosts(db, name, record, spec, settings, grace, terminate_signal,
                           addresses, network)  # fmt: skip
     finally:
         if network is not None:
@@ -149,7 +159,6 @@ def _run_hosts(
     spec: JobSpec,
     settings: Settings,
     grace: float,
-    wake: threading.Event,
     terminate_signal: threading.Event,
     addresses: dict[str, str],
     network: HostNetwork | JobLoopback | None,
@@ -176,66 +185,58 @@ def _run_hosts(
                 ),
             )
 
-    def add_metrics(points: list[MetricPoint]) -> None:
-        with _unless_unwritable(name, "metric points"):
-            db.add_metrics(name, points)
+    outcomes: dict[str, Finished] = {}
+    model_uris: dict[str, str | None] = {}
 
-    def metrics_sink(host: str) -> Callable[[list[MetricPoint]], None]:
-        # FinalMetricDataList and the metric series come from algo-1, as on SageMaker
-        # where the first host's log feeds the job's metrics.
-        if host == hosts[0]:
-            return add_metrics
-        return lambda pts: None
+    def apply(event: HostEvent) -> None:
+        """One host event into the job's record (logs are already in the job's folder)."""
+        if isinstance(event, StatusChanged):
+            emit(event.change)
+        elif isinstance(event, TrainingStarted):
+            log.info("host %s started training (process group %d)", event.host, event.pgid)
+        elif isinstance(event, MetricsFound):
+            # FinalMetricDataList and the metric series come from algo-1, as on SageMaker
+            # where the first host's log feeds the job's metrics.
+            if event.host == hosts[0]:
+                with _unless_unwritable(name, "metric points"):
+                    db.add_metrics(name, list(event.points))
+        elif isinstance(event, HostEnded):
+            outcomes[event.host] = event.finished
+            model_uris[event.host] = event.model_uri
 
     store = open_store(settings)
     runner = select_runner(record.runner, verified=True)
     # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
     board = mpi.LaunchBoard(hosts) if mpi.mpi_settings(spec) is not None else None
-    agents = {
-        host: HostAgent(
-            HostPlan(
-                spec,
-                record.arn,
-                host,
-                hosts,
-                settings.jobs_dir / name,
-                addresses=addresses,
-                upload_artifacts=not multi,
-                network_interface="eth0" if isinstance(network, HostNetwork) else "lo",
-                netns=_namespace(network, host),
-                mpi_board=board,
-            ),
-            store=store,
-            runner=runner,
-            settings=settings,
-            emit=emit,
-            on_metrics=metrics_sink(host),
-            on_started=on_started,
+    plans = [
+        HostPlan(
+            spec,
+            record.arn,
+            host,
+            hosts,
+            settings.jobs_dir / name,
+            addresses=addresses,
+            upload_artifacts=not multi,
+            network_interface="eth0" if isinstance(network, HostNetwork) else "lo",
+            netns=_namespace(network, host),
+            mpi_board=board,
         )
         for host in hosts
-    }
-    outcomes: dict[str, Finished] = {}
-
-    def run_agent(host: str) -> None:
-        try:
-            outcomes[host] = agents[host].run()
-        except BaseException as exc:  # never leave the job without an outcome
-            outcomes[host] = Finished(None, f"InternalError: host agent failed: {exc}")
-        finally:
-            wake.set()  # decide at once, not at the loop's next tick
-
-    workers = [threading.Thread(target=run_agent, args=(h,), name=f"agent-{h}") for h in hosts]
-    for worker in workers:
-        worker.start()
+    ]
+    # The hosts record their process groups as they start them (see LocalHosts._report).
+    group: HostGroup = LocalHosts(
+        plans, store=store, runner=runner, settings=settings, on_started=on_started
+    )
+    group.start()
     # Runtime counts from when the job leaves the queue and starts, as SageMaker bills it.
     deadline = time.time() + spec.max_runtime_seconds
     terminating = False
     overdue = False  # stopped at the deadline while its record could not be written
     unreadable = False  # said once per spell of a database that cannot be read
     failed_host: str | None = None
-    while any(w.is_alive() for w in workers):
-        wake.wait(_POLL)
-        wake.clear()
+    while len(outcomes) < len(hosts):
+        for event in group.events(_POLL):
+            apply(event)
         if terminating:
             continue
         if failed_host is None:
@@ -244,9 +245,9 @@ def _run_hosts(
             )
             if failed_host is not None and multi:
                 log.info("host %s failed; stopping the other hosts", failed_host)
-                for host, agent in agents.items():
+                for host in hosts:
                     if host != failed_host:
-                        agent.terminate(grace)
+                        group.terminate(host, grace)
         try:
             current = db.get(name)
             if terminate_signal.is_set() and current.status == Status.IN_PROGRESS.value:
@@ -265,17 +266,16 @@ def _run_hosts(
             overdue = time.time() >= deadline
             if overdue or terminate_signal.is_set():
                 log.info("stopping job %s (grace %.0f s)", name, grace)
-                for agent in agents.values():
-                    agent.terminate(grace)
+                for host in hosts:
+                    group.terminate(host, grace)
                 terminating = True
             continue
         if current.status == Status.STOPPING.value:
             log.info("stopping job %s (grace %.0f s)", name, grace)
-            for agent in agents.values():
-                agent.terminate(grace)
+            for host in hosts:
+                group.terminate(host, grace)
             terminating = True
-    for worker in workers:
-        worker.join()
+    group.close()
     if network is not None:
         network.teardown()  # before the job is marked ended: an ended job holds nothing
     failed_host = failed_host or next((h for h in hosts if outcomes[h].exit_code != 0), None)
@@ -284,10 +284,12 @@ def _run_hosts(
         if failed_host
         else Finished(0, None)
     )
-    model_uri = agents[hosts[0]].model_uri
+    model_uri = model_uris.get(hosts[0])
     try:
         if multi:
-            model_uri, finished = _upload_merged(db, name, spec, store, agents, finished)
+            model_uri, finished = _upload_merged(
+                db, name, settings.jobs_dir, spec, store, group, finished
+            )
         metrics = _final_metrics(db, name)
 
         def finish(r: JobRecord) -> JobRecord:
@@ -331,9 +333,10 @@ def _unless_unwritable(name: str, what: str) -> Iterator[None]:
 def _upload_merged(
     db: JobDB,
     name: str,
+    jobs_dir: Path,
     spec: JobSpec,
     store: ObjectStore,
-    agents: dict[str, HostAgent],
+    group: HostGroup,
     finished: Finished,
 ) -> tuple[str | None, Finished]:
     """Every host's model and output folders as one pair of archives (see pack_merged)."""
@@ -341,15 +344,15 @@ def _upload_merged(
         name,
         lambda r: advance(r, Phase("Uploading", "Uploading generated training model"), time.time()),
     )
-    layouts = [(host, agent.plan.layout) for host, agent in agents.items()]
+    folders = group.artifact_folders()
     try:
         uri, conflicts = upload_merged(
             store,
             spec.output_path,
             spec.name,
-            [(h, lay.model_dir) for h, lay in layouts],
-            [(h, lay.output_data_dir) for h, lay in layouts],
-            scratch=scratch_dir(agents[spec.hosts[0]].plan.job_dir),
+            [(h, model) for h, model, _ in folders],
+            [(h, output) for h, _, output in folders],
+            scratch=scratch_dir(jobs_dir / name),
         )
     except TrainportError as exc:
         reason = f"ClientError: artifact upload failed: {exc}"
