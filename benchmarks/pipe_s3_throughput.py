@@ -12,8 +12,9 @@ read by:
 - ``Pipe mode``: trainport's channel server on the same endpoint
   (:class:`~trainport.store.s3.S3Store`, the ``PipeOptions`` the host agent uses with
   ``TRAINPORT_DOWNLOAD_WORKERS``), one epoch into a FIFO read by a separate process with
-  1 MiB reads, timed from ``serve_channel`` to the reader's EOF (a fresh server each round,
-  so fetching ahead while the FIFO waits for its reader is on the clock).
+  1 MiB reads, timed from the server's start to the reader's EOF (a fresh server each
+  round, so fetching ahead while the FIFO waits for its reader is on the clock; the
+  channel's listing, once per job, is not).
 
 Rounds are interleaved after one warm-up round; medians with min-max over rounds; the ratio
 is Pipe mode's per-round rate to the best client's median. The load average is printed.
@@ -153,7 +154,7 @@ def main() -> None:
                     took = time.perf_counter() - began
                     if attempt:
                         seconds[name].append(took)
-                took = pipe(attempt)  # from serve_channel to the reader's EOF
+                took = pipe(attempt)  # from the server's start to the reader's EOF
                 if attempt:
                     seconds["Pipe mode"].append(took)
             rates = {n: [total / (1 << 20) / s for s in v] for n, v in seconds.items()}

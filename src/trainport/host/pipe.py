@@ -74,6 +74,7 @@ __all__ = [
     "PipeOptions",
     "epoch_items",
     "fifo_name",
+    "resolve_items",
     "serve_channel",
 ]
 
