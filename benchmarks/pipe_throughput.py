@@ -189,14 +189,14 @@ def measure(rows: dict[str, tuple[Row, int]], repeat: int, baseline: str) -> Non
     rates = {
         name: [nbytes / (1 << 20) / s for s in seconds[name]] for name, (_, nbytes) in rows.items()
     }
-    print(f"{'path':<22}{'MiB/s median':>14}{'(min-max)':>16}{'vs baseline':>14}{'(min-max)':>14}")
+    print(f"{'path':<22}{'MiB/s median':>14}{'(min-max)':>16}{'vs baseline':>14}{'(min-max)':>17}")
     for name, values in rates.items():
         ratios = [v / b for v, b in zip(values, rates[baseline], strict=True)]
         print(
             f"{name:<22}{statistics.median(values):>14.0f}"
             f"{f'({min(values):.0f}-{max(values):.0f})':>16}"
             f"{statistics.median(ratios):>13.2f}x"
-            f"{f'({min(ratios):.2f}-{max(ratios):.2f})':>14}"
+            f"{f'({min(ratios):.2f}-{max(ratios):.2f})':>17}"
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -170,3 +171,31 @@ def test_resume_after_restart_replays_and_skips(tmp_path: Path, fifo_producers: 
     resumed.load_state_dict(state)
     assert resumed.epoch == 1
     assert seen + list(resumed) == records(1)
+
+
+def test_fifo_reads_ask_for_what_the_pipe_holds(tmp_path: Path) -> None:
+    # read(n) is capped at what the pipe holds (no shrinking of a large buffer), yet a read
+    # of less than that, a blocking read on an empty pipe and read() to EOF behave as usual.
+    path = tmp_path / "train_0"
+    os.mkfifo(path)
+    channel = PipeChannel("train", tmp_path, wait_timeout=20)
+    writer_ready = threading.Event()
+    release = threading.Event()
+
+    def write() -> None:
+        with open(path, "wb", buffering=0) as f:
+            f.write(b"a" * 3000)
+            writer_ready.set()
+            release.wait(10)
+            f.write(b"b" * 5000)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    with channel.open_fifo(path) as raw:  # type: ignore[attr-defined]
+        writer_ready.wait(10)
+        assert raw.read(100) == b"a" * 100
+        assert raw.read(1 << 20) == b"a" * 2900
+        release.set()
+        assert raw.read() == b"b" * 5000
+        assert raw.read(10) == b""
+    thread.join(10)
