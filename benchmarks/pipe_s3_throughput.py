@@ -16,8 +16,10 @@ read by:
   round, so fetching ahead while the FIFO waits for its reader is on the clock; the
   channel's listing, once per job, is not).
 
-Rounds are interleaved after one warm-up round; medians with min-max over rounds; the ratio
-is Pipe mode's per-round rate to the best client's median. The load average is printed.
+Rounds are interleaved after one warm-up round; medians with min-max over rounds. The best
+client is the one with the highest median; each row's ratio is the median (min-max) of its
+per-round ratios to that client in the same round, which cancels load that changes between
+rounds. The load average is printed before and after.
 With 2 CPUs, moto, the client and the FIFO reader share them, so these figures compare
 clients on this endpoint, not S3 itself. Usage::
 
@@ -159,7 +161,6 @@ def main() -> None:
                     seconds["Pipe mode"].append(took)
             rates = {n: [total / (1 << 20) / s for s in v] for n, v in seconds.items()}
             best = max(clients, key=lambda n: statistics.median(rates[n]))
-            base = statistics.median(rates[best])
             print(
                 f"\n{count} objects of {object_mib} MiB ({total >> 20} MiB), "
                 f"{settings.download_workers} Pipe fetchers, median of {args.repeat} rounds; "
@@ -168,7 +169,7 @@ def main() -> None:
             head = ("reader", "MiB/s median", "(min-max)", "vs best", "(min-max)")
             print(f"{head[0]:<24}{head[1]:>14}{head[2]:>14}{head[3]:>10}{head[4]:>14}")
             for name, values in rates.items():
-                ratios = [v / base for v in values]
+                ratios = [v / b for v, b in zip(values, rates[best], strict=True)]
                 print(
                     f"{name:<24}{statistics.median(values):>14.0f}"
                     f"{f'({min(values):.0f}-{max(values):.0f})':>14}"
