@@ -206,3 +206,20 @@ def test_recordio_and_gzip_objects_on_the_local_store_go_through_user_space(
     finally:
         server.close()
     assert sum(store.reads.values()) > 0  # read through the store, not spliced
+
+
+def test_many_tiny_objects_are_spliced_in_order(tmp_path: Path, store: CountingStore) -> None:
+    made = {}
+    for i in range(1500):
+        key = f"tiny/o{i:05d}"
+        made[key] = f"<{i}>".encode() * (i % 5)  # some empty
+        put(tmp_path, "data", key, made[key])
+    ch = channel("tiny", "s3://data/tiny/", shuffle_seed=4)
+    data_dir = tmp_path / "data"
+    server = serve(store, ch, data_dir)
+    try:
+        for epoch in range(2):
+            assert read_fifo(data_dir / f"tiny_{epoch}") == expected(server, made, epoch)
+    finally:
+        server.close()
+    assert sum(store.reads.values()) == 0

@@ -254,12 +254,14 @@ def _local_files(
     return files
 
 
-def _files_within(files: Sequence[_LocalFile], budget: int) -> list[Path]:
-    """The leading files whose sizes fit in ``budget`` bytes (at least one)."""
+def _files_within(files: Sequence[_LocalFile], budget: int, most: int = 64) -> list[Path]:
+    """The leading files whose sizes fit in ``budget`` bytes (at least one, at most ``most``:
+    each costs an open and an fadvise, and a channel of many tiny files must not spend the
+    reader's time on them)."""
     chosen: list[Path] = []
     total = 0
     for f in files:
-        if chosen and total + f.size > budget:
+        if chosen and (total + f.size > budget or len(chosen) >= most):
             break
         chosen.append(f.path)
         total += f.size
