@@ -175,11 +175,12 @@ def cli(verbose: bool, endpoint: str | None) -> None:
 # Where the job's code runs; said the same way by every command that starts a job.
 _runner_option = click.option(
     "--runner",
-    type=click.Choice(["auto", "sandbox", "process"]),
+    type=click.Choice(["auto", "sandbox", "process", "ray"]),
     default=None,
     help="sandbox: the job sees only its own /opt/ml; process: NO isolation, the job can read "
     "and change all that you can (TRAINPORT_HOME included), for trusted code only; auto: the "
-    "sandbox where this machine can make one.",
+    "sandbox where this machine can make one; ray: each host on its own node of the Ray "
+    "cluster RAY_ADDRESS names, contained as auto would there.",
 )
 
 

@@ -10,6 +10,9 @@ Everything trainport keeps lives under ``TRAINPORT_HOME`` (default ``~/.trainpor
 The object store is S3-compatible as soon as ``TRAINPORT_STORE=s3`` or one of the standard AWS
 endpoint variables (``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL``) is set; credentials and
 region then come from the usual AWS configuration chain.
+
+``TRAINPORT_RUNNER=ray`` places a job's hosts on the nodes of the Ray cluster that
+``RAY_ADDRESS`` names (``ray.init``'s own default when unset).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ __all__ = ["Settings", "load_settings"]
 DEFAULT_STOP_GRACE_SECONDS = 120.0
 DEFAULT_CHECKPOINT_SYNC_SECONDS = 30.0
 DEFAULT_MAX_SOURCEDIR_MB = 512
+# Where a job's hosts run and what contains them; "ray" places them on a Ray cluster's
+# nodes, where each is contained as "auto" would on that node.
+RUNNERS = ("auto", "sandbox", "process", "ray")
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ class Settings:
     s3_endpoint_url: str | None
     region: str
     account_id: str
-    runner: str  # "auto" | "sandbox" | "process"
+    runner: str  # "auto" | "sandbox" | "process" | "ray"
     stop_grace_seconds: float
     checkpoint_sync_seconds: float
     download_workers: int
@@ -57,10 +63,15 @@ class Settings:
     # TRAINPORT_MAX_SOURCEDIR_MB: the most a job's source tarball may unpack to, so a gzip
     # bomb is refused at submission instead of filling the disk.
     max_sourcedir_bytes: int = DEFAULT_MAX_SOURCEDIR_MB << 20
+    # RAY_ADDRESS: the cluster the ray runner places hosts on (None: ray.init's default).
+    ray_address: str | None = None
+    # The embedded store's folder when it is not under ``home``: a host agent on a Ray
+    # node keeps its work under a home of its own but reads the submitter's store.
+    store_dir: Path | None = None
 
     @property
     def store_root(self) -> Path:
-        return self.home / "store"
+        return self.store_dir or self.home / "store"
 
     @property
     def db_path(self) -> Path:
@@ -113,8 +124,10 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
     if store_kind not in ("local", "s3"):
         raise ValidationError(f"TRAINPORT_STORE={store_kind!r}: use 'local' or 's3'")
     runner = (env.get("TRAINPORT_RUNNER") or "auto").lower()
-    if runner not in ("auto", "sandbox", "process"):
-        raise ValidationError(f"TRAINPORT_RUNNER={runner!r}: use 'auto', 'sandbox' or 'process'")
+    if runner not in RUNNERS:
+        raise ValidationError(
+            f"TRAINPORT_RUNNER={runner!r}: use 'auto', 'sandbox', 'process' or 'ray'"
+        )
     workers_raw = env.get("TRAINPORT_DOWNLOAD_WORKERS") or "16"
     if not workers_raw.isdigit() or int(workers_raw) < 1:
         raise ValidationError(
@@ -147,6 +160,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_sourcedir_bytes=(
             _positive(env, "TRAINPORT_MAX_SOURCEDIR_MB", DEFAULT_MAX_SOURCEDIR_MB) << 20
         ),
+        ray_address=env.get("RAY_ADDRESS") or None,
     )
 
 

@@ -37,7 +37,7 @@ NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 
 #: Tag keys trainport reads from a request (values are strings, as tags are).
 EXTENSION_TAGS = {
-    "trainport:runner": "runner for this job: sandbox, process or auto",
+    "trainport:runner": "runner for this job: sandbox, process, auto or ray",
     "trainport:stop-grace-seconds": "seconds between SIGTERM and SIGKILL on stop (default 120)",
     "trainport:pipe-workers": "P: each Pipe channel becomes P per-worker FIFO series "
     "<channel>_w<k>_<epoch> holding disjoint shards (docs/pipe-mode.md)",
@@ -376,8 +376,10 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             raise ValidationError(
                 f"Tags: unknown trainport extension {key!r}; known: {', '.join(EXTENSION_TAGS)}"
             )
-        if key == "trainport:runner" and value not in ("auto", "sandbox", "process"):
-            raise ValidationError(f"Tags: trainport:runner={value!r}; use auto, sandbox or process")
+        if key == "trainport:runner" and value not in ("auto", "sandbox", "process", "ray"):
+            raise ValidationError(
+                f"Tags: trainport:runner={value!r}; use auto, sandbox, process or ray"
+            )
         if key == "trainport:pipe-workers" and not (value.isdigit() and 1 <= int(value) <= 1024):
             raise ValidationError(
                 f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "

@@ -194,8 +194,16 @@ class JobService:
         spec = admitted or self.admit(request)
         if not self.allow_host_paths:
             _refuse_host_paths(request)
-        chosen = select_runner(runner or spec.runner or self.settings.runner)
-        if chosen.name == "process" and not self.allow_process_runner:
+        requested = runner or spec.runner or self.settings.runner
+        if requested == "ray":
+            from trainport.placement.ray import check_ray_job
+
+            check_ray_job(spec)
+            runner_name = "ray"
+        else:
+            chosen = select_runner(requested)
+            runner_name = chosen.name
+        if runner_name == "process" and not self.allow_process_runner:
             raise ValidationError(
                 f"Training job {spec.name!r} would run under the process runner, which "
                 "isolates nothing (the job could read the store, the job database and the "
@@ -213,7 +221,7 @@ class JobService:
             transitions=(
                 Transition("Starting", now, None, "Preparing the instances for training"),
             ),
-            runner=chosen.name,
+            runner=runner_name,
             job_dir=str(self.settings.jobs_dir / spec.name),
             launcher=liveness.identity(os.getpid()) if start else None,
         )

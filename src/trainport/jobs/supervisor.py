@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -130,7 +130,9 @@ def supervise(name: str, settings: Settings) -> int:
     network: HostNetwork | JobLoopback | None = None
     addresses = host_addresses(name, hosts)
     try:
-        if spec.tags.get("trainport:network") == "namespaces":
+        if record.runner == "ray":
+            pass  # each host has a node and a network of its own
+        elif spec.tags.get("trainport:network") == "namespaces":
             bandwidth = spec.tags.get("trainport:host-bandwidth")
             network = HostNetwork(name, hosts, bandwidth, isolated=spec.network_isolation)
             network.__enter__()
@@ -205,7 +207,6 @@ def _run_hosts(
             model_uris[event.host] = event.model_uri
 
     store = open_store(settings)
-    runner = select_runner(record.runner, verified=True)
     # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
     board = mpi.LaunchBoard(hosts) if mpi.mpi_settings(spec) is not None else None
     plans = [
@@ -223,11 +224,14 @@ def _run_hosts(
         )
         for host in hosts
     ]
-    # The hosts record their process groups as they start them (see LocalHosts._report).
-    group: HostGroup = LocalHosts(
-        plans, store=store, runner=runner, settings=settings, on_started=on_started
-    )
-    group.start()
+    group = _place(record, plans, settings, store, on_started)
+    try:
+        group.start()
+    except Exception as exc:  # no cluster to connect to, say: the job must still end
+        log.error("job %s: its hosts could not be started: %s", name, exc)
+        failed = Finished(None, f"ClientError: the job's hosts could not be started: {exc}")
+        db.update(name, lambda r: advance(r, failed, time.time()))
+        return 1
     # Runtime counts from when the job leaves the queue and starts, as SageMaker bills it.
     deadline = time.time() + spec.max_runtime_seconds
     terminating = False
@@ -306,6 +310,27 @@ def _run_hosts(
         return 1
     log.info("job %s ended %s/%s", name, final.status, final.secondary_status)
     return 0
+
+
+def _place(
+    record: JobRecord,
+    plans: list[HostPlan],
+    settings: Settings,
+    store: ObjectStore,
+    on_started: Callable[[int], None],
+) -> HostGroup:
+    """The job's hosts, placed where its runner says: a Ray cluster, or this machine.
+
+    Only hosts on this machine record their process groups (``on_started``): a reconcile
+    here stops an orphan's groups by number, which names nothing of a node's processes.
+    """
+    if record.runner == "ray":
+        from trainport.placement.ray import RayHosts
+
+        return RayHosts(plans, settings=settings, job_dir=settings.jobs_dir / record.name)
+    runner = select_runner(record.runner, verified=True)
+    # The hosts record their process groups as they start them (see LocalHosts._report).
+    return LocalHosts(plans, store=store, runner=runner, settings=settings, on_started=on_started)
 
 
 def _namespace(network: HostNetwork | JobLoopback | None, host: str) -> str | None:

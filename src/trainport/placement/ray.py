@@ -1,0 +1,512 @@
+"""Hosts on a Ray cluster: each host agent a Ray actor on a node of its own.
+
+The supervisor (a Ray driver, connected to the cluster ``RAY_ADDRESS`` names) reserves one
+bundle per host in a placement group with the STRICT_SPREAD strategy, so no two hosts share
+a node, as no two SageMaker instances share a machine. It then starts one
+:class:`HostActor` in each bundle and asks each for its node's address: ``algo-k`` maps to
+the address of the node holding bundle k-1 in every host's ``/etc/hosts``, so torchrun's
+``--master_addr algo-1`` and a BYO job's own sockets reach across nodes.
+
+On its node an actor runs the same :class:`~trainport.host.agent.HostAgent` the local
+placement runs, under a home of its own (the node's disk, never the submitter's job folder)
+with the submitter's store configuration; its training process is contained as ``auto``
+would contain it on that node (the sandbox where the node can make one). The agent's events
+wait in the actor until the driver drains them with a long-polling call; the driver writes
+each host's log lines into the job's folder on its own machine and hands the events on.
+
+Failures come from Ray's own detection: a node whose raylet dies takes its actor with it,
+and the pending drain call raises :class:`ray.exceptions.ActorDiedError` once Ray has
+marked the node dead; the host then ends with a reason naming the host and the node.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import io
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trainport
+from trainport.config import Settings
+from trainport.errors import ValidationError
+from trainport.host.agent import HostAgent, HostPlan
+from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged
+from trainport.host.layout import HostLayout
+from trainport.jobs.status import Finished, Progress
+from trainport.placement.api import HostGroup, PlacementError
+
+__all__ = ["HostActor", "NodeInfo", "RayHosts", "check_ray_job", "version_problem"]
+
+log = logging.getLogger(__name__)
+
+# How long one drain call waits on its node for news before answering empty.
+_DRAIN_WAIT = 0.5
+# The submitter's environment that travels to the nodes: what configures the store.
+_STORE_ENV_PREFIXES = ("AWS_",)
+
+
+def check_ray_job(spec: Any) -> None:
+    """Refuse, at submission, what the ray runner cannot run yet (a clear error, not a
+    job that fails later on a node)."""
+    from trainport.host import mpi
+
+    if mpi.mpi_settings(spec) is not None:
+        raise ValidationError(
+            "the ray runner does not run MPI jobs yet; use torchrun (--torchrun) or run "
+            "the job on this machine (--runner auto)"
+        )
+    if spec.tags.get("trainport:network") == "namespaces":
+        raise ValidationError(
+            "Tags: trainport:network=namespaces emulates hosts on this machine; on the ray "
+            "runner each host already has its own node and network"
+        )
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        raise ValidationError(
+            f"the ray runner needs Ray in this environment ({exc}); pip install 'ray[default]'"
+        ) from exc
+
+
+# -- on the node ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """Where an actor landed, and what that node runs."""
+
+    node_id: str
+    address: str
+    interface: str | None  # the network interface holding ``address``
+    trainport_version: str
+    python: str
+
+
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds IPv4 ``address`` on this machine, if any."""
+    try:
+        listed = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in listed.splitlines():
+        fields = line.split()
+        # "2: eth0    inet 10.1.2.3/24 brd ..."
+        if len(fields) >= 4 and fields[2] == "inet" and fields[3].split("/")[0] == address:
+            return fields[1]
+    return None
+
+
+class HostActor:
+    """One host agent on its node. Run as a threaded Ray actor: ``run`` trains while
+    ``drain``, ``terminate`` and ``pack_artifacts`` answer beside it."""
+
+    def __init__(self, settings: Settings) -> None:
+        import ray
+
+        self._node_id = ray.get_runtime_context().get_node_id()
+        self._address = ray.util.get_node_ip_address()
+        # The node's own disk: a home per node, so nodes sharing a filesystem (or this
+        # machine, in the tests) never share a host's tree.
+        home = Path(tempfile.gettempdir()) / "trainport-ray" / self._node_id[:16]
+        local_store = settings.store_kind == "local"
+        self._settings = dataclasses.replace(
+            settings,
+            home=home,
+            store_dir=settings.store_root if local_store else None,
+            server_keys=(),
+            server_extra_keys=(),
+        )
+        self._events: collections.deque[HostEvent] = collections.deque()
+        self._news = threading.Condition()
+        self._agent: HostAgent | None = None
+        self._stopped_with: float | None = None  # a stop that came before the agent
+
+    def node(self) -> NodeInfo:
+        return NodeInfo(
+            self._node_id,
+            self._address,
+            interface_of(self._address),
+            trainport.__version__,
+            sys.version.split()[0],
+        )
+
+    def _report(self, event: HostEvent) -> None:
+        with self._news:
+            self._events.append(event)
+            self._news.notify_all()
+
+    def run(self, plan: HostPlan) -> None:
+        """Run the host to its end; its events, HostEnded last, wait for :meth:`drain`."""
+        from trainport.runners.api import select_runner
+        from trainport.store.api import open_store
+
+        plan = dataclasses.replace(plan, job_dir=self._settings.jobs_dir / plan.spec.name)
+        model_uri = None
+        try:
+            if plan.job_dir.exists():  # a rerun of the same job name on this node
+                shutil.rmtree(plan.job_dir)
+            agent = HostAgent(
+                plan,
+                store=open_store(self._settings),
+                runner=select_runner("auto"),
+                settings=self._settings,
+                report=self._report,
+            )
+            self._agent = agent
+            if self._stopped_with is not None:
+                agent.terminate(self._stopped_with)
+            finished = agent.run()
+            model_uri = agent.model_uri
+        except BaseException as exc:  # never leave the job without an outcome
+            log.exception("host agent %s failed", plan.host)
+            finished = Finished(None, f"InternalError: host agent failed: {exc}")
+        self._report(HostEnded(plan.host, finished, model_uri))
+
+    def drain(self, wait: float) -> list[HostEvent]:
+        """The events since the last drain (waiting up to ``wait`` s for one), with runs of
+        one log's lines joined into one event."""
+        with self._news:
+            if not self._events:
+                self._news.wait(wait)
+            taken = list(self._events)
+            self._events.clear()
+        joined: list[HostEvent] = []
+        for event in taken:
+            last = joined[-1] if joined else None
+            if (
+                isinstance(event, LogLines)
+                and isinstance(last, LogLines)
+                and last.host == event.host
+            ):
+                joined[-1] = LogLines(event.host, last.lines + event.lines)
+            else:
+                joined.append(event)
+        return joined
+
+    def terminate(self, grace: float) -> None:
+        self._stopped_with = grace
+        if self._agent is not None:
+            self._agent.terminate(grace)
+
+    def pack_artifacts(self) -> bytes:
+        """The host's model and output data folders as one tar (``model/``, ``output/``),
+        for the supervisor's merged upload. Links the job made are not followed."""
+        agent = self._agent
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            if agent is not None:
+                layout = agent.plan.layout
+                folders = (("model", layout.model_dir), ("output", layout.output_data_dir))
+                for name, folder in folders:
+                    if folder.is_dir() and not folder.is_symlink():
+                        tar.add(folder, arcname=name, recursive=True)
+        return buffer.getvalue()
+
+    def clean(self) -> None:
+        """Remove the host's tree from the node (its log and artifacts have been sent)."""
+        if self._agent is not None:
+            shutil.rmtree(self._agent.plan.job_dir, ignore_errors=True)
+
+
+# -- on the submitting side -------------------------------------------------------------
+
+
+def version_problem(mine: str, nodes: dict[str, NodeInfo]) -> str | None:
+    """What is wrong with the trainport versions the hosts' nodes run, if anything: a
+    host's agent must speak the same events and plans as this supervisor."""
+    other = {h: n for h, n in nodes.items() if n.trainport_version != mine}
+    if not other:
+        return None
+    said = "; ".join(
+        f"host {h} on node {n.address} (id {n.node_id[:12]}) has trainport {n.trainport_version}"
+        for h, n in sorted(other.items())
+    )
+    return f"{said}; this supervisor runs trainport {mine}: install {mine} on every node"
+
+
+class RayHosts(HostGroup):
+    """A job's hosts as actors on distinct nodes of a Ray cluster."""
+
+    def __init__(self, plans: list[HostPlan], *, settings: Settings, job_dir: Path) -> None:
+        self.hosts = tuple(p.host for p in plans)
+        self._plans = {p.host: p for p in plans}
+        self._settings = settings
+        self._job_dir = job_dir
+        self._queue: queue.SimpleQueue[HostEvent] = queue.SimpleQueue()
+        self._actors: dict[str, Any] = {}
+        self._nodes: dict[str, NodeInfo] = {}
+        self._group: Any = None
+        self._ended: set[str] = set()
+        self._stop_grace: float | None = None
+        self._lock = threading.Lock()
+        self._driver: threading.Thread | None = None
+
+    # -- the contract -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(
+                address=self._settings.ray_address,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                namespace="trainport",
+            )
+        (self._job_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._driver = threading.Thread(target=self._drive, name="ray-hosts", daemon=True)
+        self._driver.start()
+
+    def events(self, timeout: float) -> list[HostEvent]:
+        got: list[HostEvent] = []
+        try:
+            got.append(self._queue.get(timeout=timeout))
+            while True:
+                got.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return got
+
+    def terminate(self, host: str, grace: float) -> None:
+        with self._lock:
+            if self._stop_grace is None:
+                self._stop_grace = grace
+            actor = self._actors.get(host)
+        if actor is not None and host not in self._ended:
+            actor.terminate.remote(grace)
+
+    def artifact_folders(self) -> list[tuple[str, Path, Path]]:
+        # Fetched from each node as its host ended (see _fetch_artifacts).
+        folders = []
+        for host in self.hosts:
+            layout = HostLayout(self._job_dir / "hosts" / host)
+            folders.append((host, layout.model_dir, layout.output_data_dir))
+        return folders
+
+    def _fetch_artifacts(self, host: str) -> None:
+        """Bring an ended host's model and output folders to this machine, for the merged
+        upload (a host that uploads its own, the only one, needs none of this)."""
+        import ray
+
+        layout = HostLayout(self._job_dir / "hosts" / host)
+        layout.model_dir.mkdir(parents=True, exist_ok=True)
+        layout.output_data_dir.mkdir(parents=True, exist_ok=True)
+        actor = self._actors.get(host)
+        if actor is None or self._plans[host].upload_artifacts:
+            return
+        try:
+            packed = ray.get(actor.pack_artifacts.remote(), timeout=600)
+        except Exception as exc:  # a dead node: its host's files are lost with it
+            log.warning("host %s: its artifacts could not be fetched: %s", host, exc)
+            return
+        _unpack(packed, layout)
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if self._driver is not None:
+            self._driver.join()
+        cleaning = [a.clean.remote() for a in self._actors.values()]
+        try:
+            ray.wait(cleaning, num_returns=len(cleaning), timeout=30)
+        except Exception:  # a dead node has nothing left to clean
+            log.debug("cleaning the nodes failed", exc_info=True)
+        for actor in self._actors.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already gone with its node
+                log.debug("actor already gone", exc_info=True)
+        if self._group is not None:
+            try:
+                remove_placement_group(self._group)
+            except Exception:
+                log.debug("placement group already gone", exc_info=True)
+        ray.shutdown()
+
+    # -- the driver thread --------------------------------------------------------------------
+
+    def _drive(self) -> None:
+        try:
+            self._place()
+        except Exception as exc:
+            log.error("the job's hosts could not be placed on the Ray cluster: %s", exc)
+            reason = str(exc) if isinstance(exc, PlacementError) else f"{type(exc).__name__}: {exc}"
+            for host in self.hosts:
+                self._end(host, Finished(None, f"ClientError: {reason}"))
+            return
+        if self._stop_grace is not None:  # stopped while it waited for the cluster
+            for host in self.hosts:
+                self._end(host, Finished(None, None))
+            return
+        self._pump()
+
+    def _place(self) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [{"CPU": 1.0} for _ in self.hosts]
+        self._group = placement_group(bundles, strategy="STRICT_SPREAD", name="")
+        told = False
+        started = time.monotonic()
+        while not self._group.wait(1):
+            if self._stop_grace is not None:
+                return
+            if not told and time.monotonic() - started > 2:
+                alive = sum(1 for n in ray.nodes() if n.get("Alive"))
+                self._put(
+                    StatusChanged(
+                        self.hosts[0],
+                        Progress(
+                            f"Waiting for the Ray cluster: {len(self.hosts)} nodes with "
+                            f"{bundles[0]} free each (one host per node); it has {alive} "
+                            "live nodes"
+                        ),
+                    )
+                )
+                told = True
+        env = {k: v for k, v in os.environ.items() if k.startswith(_STORE_ENV_PREFIXES)}
+        actor_class = ray.remote(max_restarts=0, max_task_retries=0)(HostActor)
+        for k, host in enumerate(self.hosts):
+            options: dict[str, Any] = {
+                "num_cpus": 1,
+                "max_concurrency": 4,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=k
+                ),
+            }
+            if env:
+                options["runtime_env"] = {"env_vars": env}
+            self._actors[host] = actor_class.options(**options).remote(self._settings)
+        for host, actor in self._actors.items():
+            try:
+                self._nodes[host] = ray.get(actor.node.remote(), timeout=300)
+            except Exception as exc:
+                raise PlacementError(
+                    f"host {host}: its agent could not start on the node the cluster gave "
+                    f"it ({self._bundle_node(k=self.hosts.index(host))}): {_first_line(exc)}. "
+                    f"Every node needs trainport {trainport.__version__} installed for the "
+                    "Python that runs Ray"
+                ) from exc
+        self._check_versions()
+        addresses = {h: n.address for h, n in self._nodes.items()}
+        log.info("hosts placed on Ray nodes: %s", addresses)
+        for host, node in self._nodes.items():
+            said = f"[trainport] host {host} runs on Ray node {node.address} (id {node.node_id})"
+            self._put(LogLines(host, ((time.time(), said),)))
+        for host, actor in self._actors.items():
+            node = self._nodes[host]
+            plan = dataclasses.replace(
+                self._plans[host],
+                addresses=addresses,
+                network_interface=node.interface or "eth0",
+                netns=None,
+                mpi_board=None,
+            )
+            actor.run.remote(plan)
+
+    def _check_versions(self) -> None:
+        problem = version_problem(trainport.__version__, self._nodes)
+        if problem:
+            raise PlacementError(problem)
+
+    def _bundle_node(self, k: int) -> str:
+        """The node holding bundle ``k``, as "address (id)", for an error message."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        try:
+            node_id = placement_group_table(self._group)["bundles_to_node_id"][k]
+            address = next(
+                (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?"
+            )
+            return f"node {address}, id {node_id[:12]}"
+        except Exception:
+            return "node unknown"
+
+    def _pump(self) -> None:
+        """Drain every host's events until each has ended."""
+        import ray
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+        def ask(host: str) -> Any:
+            return self._actors[host].drain.remote(_DRAIN_WAIT)
+
+        pending = {ask(h): h for h in self.hosts}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in ready:
+                host = pending.pop(ref)
+                try:
+                    events = ray.get(ref)
+                except ActorUnavailableError:
+                    # Not (yet) known dead: ask again; Ray's failure detection decides.
+                    time.sleep(0.5)
+                    pending[ask(host)] = host
+                    continue
+                except (ActorDiedError, ray.exceptions.RayActorError) as exc:
+                    node = self._nodes[host]
+                    self._end(
+                        host,
+                        Finished(
+                            None,
+                            f"InternalServerError: Ray node {node.address} (id "
+                            f"{node.node_id[:12]}) running this host died or was lost: "
+                            f"{_first_line(exc)}",
+                        ),
+                    )
+                    continue
+                for event in events:
+                    if isinstance(event, HostEnded):
+                        self._fetch_artifacts(host)
+                    self._put(event)
+                if not any(isinstance(e, HostEnded) for e in events):
+                    pending[ask(host)] = host
+
+    def _end(self, host: str, finished: Finished) -> None:
+        self._put(HostEnded(host, finished))
+
+    def _put(self, event: HostEvent) -> None:
+        if isinstance(event, LogLines):
+            # The job's log lives on the submitting side, as it does for local hosts.
+            try:
+                with open(self._job_dir / "logs" / f"{event.host}.log", "a", encoding="utf-8") as f:
+                    f.writelines(f"{t:.3f}\t{text}\n" for t, text in event.lines)
+            except OSError as exc:
+                log.warning("host %s: log lines not written: %s", event.host, exc)
+        if isinstance(event, HostEnded):
+            with self._lock:
+                self._ended.add(event.host)
+        self._queue.put(event)
+
+
+def _unpack(packed: bytes, layout: HostLayout) -> None:
+    """A host's packed folders into its tree on this machine; members confined to it."""
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
+        for member in tar.getmembers():
+            top, _, rest = member.name.partition("/")
+            target = {"model": layout.model_dir, "output": layout.output_data_dir}.get(top)
+            if target is None or not rest:
+                continue
+            member.name = rest
+            tar.extract(member, target, filter="data")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]

@@ -1,0 +1,275 @@
+"""Jobs on a real Ray cluster: each host on its own node (a network namespace of its own),
+talking to the others by name, failures naming their host."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import put, python_job, wait_for
+from tests.on_ray.cluster import NamespaceCluster
+from tests.test_multihost import torch_job
+from trainport.config import load_settings
+from trainport.jobs.service import JobService
+
+pytestmark = pytest.mark.slow
+
+TWO_HOSTS = {"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1}
+
+ALL_REDUCE_BY_NAME = """
+import json, os, socket
+import torch, torch.distributed as dist
+rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
+me, hosts = rc['current_host'], rc['hosts']
+rank = hosts.index(me)
+dist.init_process_group('gloo', init_method='tcp://algo-1:29511', rank=rank, world_size=len(hosts))
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+addresses = {h: socket.gethostbyname(h) for h in hosts}
+print('REPORT ' + json.dumps({'host': me, 'sum': t.item(), 'addresses': addresses}), flush=True)
+open(f'/opt/ml/model/{me}.txt', 'w').write(me)
+dist.destroy_process_group()
+"""
+
+
+def reports(service: JobService, job: str, hosts: int) -> dict[str, dict[str, object]]:
+    out = {}
+    for k in range(1, hosts + 1):
+        for _, text in service.logs(job, host=f"algo-{k}"):
+            if text.startswith("REPORT "):
+                doc = json.loads(text[len("REPORT ") :])
+                out[doc["host"]] = doc
+    return out
+
+
+def test_two_hosts_on_two_nodes_all_reduce_by_name(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    service.create(python_job("ray-byo", ALL_REDUCE_BY_NAME, ResourceConfig=TWO_HOSTS))
+    record = wait_for(service, "ray-byo", timeout=180)
+    assert record.status == "Completed", (record.failure_reason, service.logs("ray-byo"))
+    assert record.runner == "ray"
+    got = reports(service, "ray-byo", 2)
+    assert {h: d["sum"] for h, d in got.items()} == {"algo-1": 3.0, "algo-2": 3.0}
+    # algo-k resolves to its node's own address, one node per host.
+    addresses = got["algo-1"]["addresses"]
+    assert addresses == got["algo-2"]["addresses"]
+    assert sorted(addresses.values()) == sorted(n.address for n in on_ray.nodes)  # type: ignore[union-attr]
+    # Each node's model folder came back into the one merged archive.
+    import tarfile
+
+    with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
+        assert sorted(tar.getnames()) == ["algo-1.txt", "algo-2.txt"]
+
+
+def test_torchrun_across_nodes(home: Path, on_ray: NamespaceCluster, service: JobService) -> None:
+    service.create(torch_job(home, "ray-ddp", 2, 1))
+    record = wait_for(service, "ray-ddp", timeout=240)
+    assert record.status == "Completed", record.failure_reason
+    sums = []
+    for k in (1, 2):
+        for _, text in service.logs("ray-ddp", host=f"algo-{k}"):
+            if "RANKINFO " in text:
+                fields = dict(kv.split("=") for kv in text.split("RANKINFO ")[1].split())
+                assert fields["GROUP_RANK"] == str(k - 1)
+                assert fields["MASTER_ADDR"] == "algo-1"
+                sums.append(float(fields["sum"]))
+    assert sums == [3.0, 3.0]
+
+
+FAIL_ON_ALGO_2 = """
+import json, os, sys, time, signal
+rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
+if rc['current_host'] == 'algo-2':
+    time.sleep(1)
+    open('/opt/ml/output/failure', 'w').write('algo-2 gave up')
+    sys.exit(3)
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+print('waiting', flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_failure_on_one_node_names_its_host(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    started = time.monotonic()
+    service.create(python_job("ray-fails", FAIL_ON_ALGO_2, ResourceConfig=TWO_HOSTS))
+    record = wait_for(service, "ray-fails", timeout=120)
+    assert record.status == "Failed"
+    assert record.failure_reason == "algo-2: algo-2 gave up"
+    assert time.monotonic() - started < 90  # algo-1 was stopped, not waited out
+    assert any("waiting" in t for _, t in service.logs("ray-fails", host="algo-1"))
+
+
+def test_settings_name_the_cluster(on_ray: NamespaceCluster) -> None:
+    settings = load_settings()
+    assert settings.runner == "ray"
+    assert settings.ray_address == on_ray.address
+
+
+SLEEPER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(0)))
+print('up', flush=True)
+time.sleep(300)
+"""
+
+
+def _training_on_every_host(service: JobService, name: str, hosts: int) -> None:
+    """Wait until every host's training process said "up" (the supervisor records no
+    process groups of a node's processes: they are not this machine's)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        up = [
+            h
+            for h in (f"algo-{k}" for k in range(1, hosts + 1))
+            if any(t == "up" for _, t in service.logs(name, host=h))
+        ]
+        if len(up) == hosts or service.get(name).status != "InProgress":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{name} did not start training on {hosts} hosts")
+
+
+def test_stop_reaches_every_node(on_ray: NamespaceCluster, service: JobService) -> None:
+    service.create(python_job("ray-stop", SLEEPER, ResourceConfig=TWO_HOSTS))
+    _training_on_every_host(service, "ray-stop", 2)
+    service.stop("ray-stop")
+    record = wait_for(service, "ray-stop", timeout=60)
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+    for host in ("algo-1", "algo-2"):
+        assert any("got SIGTERM" in t for _, t in service.logs("ray-stop", host=host)), host
+
+
+def test_max_runtime_reaches_every_node(on_ray: NamespaceCluster, service: JobService) -> None:
+    body = python_job(
+        "ray-overrun",
+        SLEEPER,
+        ResourceConfig=TWO_HOSTS,
+        StoppingCondition={"MaxRuntimeInSeconds": 8},
+    )
+    service.create(body)
+    record = wait_for(service, "ray-overrun", timeout=90)
+    assert (record.status, record.secondary_status) == ("Stopped", "MaxRuntimeExceeded")
+    for host in ("algo-1", "algo-2"):
+        assert any("got SIGTERM" in t for _, t in service.logs("ray-overrun", host=host)), host
+
+
+def test_a_job_waits_for_capacity_then_runs(on_ray: NamespaceCluster, service: JobService) -> None:
+    three = {**TWO_HOSTS, "InstanceCount": 3}
+    service.create(python_job("ray-wait", "print('ran', flush=True)", ResourceConfig=three))
+    deadline = time.monotonic() + 60
+    while "Waiting for the Ray cluster" not in service.get("ray-wait").status_message:
+        assert time.monotonic() < deadline, (
+            service.get("ray-wait").runner,
+            service.get("ray-wait").status,
+            service.get("ray-wait").status_message,
+            service.logs("ray-wait", host="algo-3"),
+        )
+        time.sleep(0.2)
+    record = service.get("ray-wait")
+    assert (record.status, record.secondary_status) == ("InProgress", "Starting")
+    assert "3 nodes" in record.status_message and "2 live nodes" in record.status_message
+    on_ray.add_node()  # the cluster grows: the job gets its third node
+    record = wait_for(service, "ray-wait", timeout=120)
+    assert record.status == "Completed", record.failure_reason
+
+
+CHANNELS = """
+import json, os
+rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
+files = sorted(os.listdir('/opt/ml/input/data/train'))
+with open('/opt/ml/input/data/stream_0', 'rb') as fifo:
+    streamed = fifo.read()
+print('REPORT ' + json.dumps({'host': rc['current_host'], 'files': files,
+                              'stream': streamed.decode()}), flush=True)
+"""
+
+
+def test_sharded_file_and_pipe_channels_on_nodes(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    for k in range(4):
+        put(home, "data", f"shards/part-{k}", f"shard {k}")
+    put(home, "data", "stream/all", "every host reads this")
+    channels = [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": "s3://data/shards/",
+                    "S3DataDistributionType": "ShardedByS3Key",
+                }
+            },
+        },
+        {
+            "ChannelName": "stream",
+            "InputMode": "Pipe",
+            "DataSource": {
+                "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://data/stream/"}
+            },
+        },
+    ]
+    body = python_job("ray-channels", CHANNELS, ResourceConfig=TWO_HOSTS, InputDataConfig=channels)
+    service.create(body)
+    record = wait_for(service, "ray-channels", timeout=120)
+    assert record.status == "Completed", record.failure_reason
+    got = reports(service, "ray-channels", 2)
+    shards = [f for doc in got.values() for f in doc["files"]]  # type: ignore[attr-defined]
+    assert sorted(shards) == [f"part-{k}" for k in range(4)]  # each object on one host
+    assert all(doc["files"] for doc in got.values())
+    assert {doc["stream"] for doc in got.values()} == {"every host reads this"}
+
+
+def test_the_same_spec_gives_the_same_results_here_and_on_ray(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    import tarfile
+
+    results = {}
+    for where in ("sandbox", "ray"):
+        name = f"same-{where}"
+        body = python_job(name, ALL_REDUCE_BY_NAME, ResourceConfig=TWO_HOSTS)
+        # This interpreter (it has torch) on both sides, not the machine's python3.
+        body["AlgorithmSpecification"]["ContainerEntrypoint"][0] = sys.executable
+        service.create(body, runner=where)
+        record = wait_for(service, name, timeout=180)
+        assert record.status == "Completed", (record.failure_reason, list(service.logs(name)))
+        assert record.runner == where
+        with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
+            archive = {n: tar.extractfile(n).read() for n in tar.getnames()}  # type: ignore[union-attr]
+        sums = {h: d["sum"] for h, d in reports(service, name, 2).items()}
+        results[where] = (sums, archive, record.secondary_status)
+    assert results["sandbox"] == results["ray"]
+
+
+def test_a_node_killed_mid_job_fails_it_naming_host_and_node(
+    on_ray: NamespaceCluster, service: JobService
+) -> None:
+    """Runs last: it kills a node (never the head). Ray marks it dead in about 15 s."""
+    service.create(python_job("ray-node-dies", SLEEPER, ResourceConfig=TWO_HOSTS))
+    _training_on_every_host(service, "ray-node-dies", 2)
+    where = {}
+    for host in ("algo-1", "algo-2"):
+        for _, text in service.logs("ray-node-dies", host=host):
+            if text.startswith(f"[trainport] host {host} runs on Ray node "):
+                where[host] = text.split()[7]
+    victim = next(h for h, address in where.items() if address != on_ray.head.address)
+    node = next(n for n in on_ray.nodes if n.address == where[victim])
+    killed = time.monotonic()
+    os.kill(on_ray.raylet_pid(node), signal.SIGKILL)
+    record = wait_for(service, "ray-node-dies", timeout=120)
+    took = time.monotonic() - killed
+    assert record.status == "Failed"
+    assert record.failure_reason.startswith(
+        f"{victim}: InternalServerError: Ray node {node.address}"
+    )  # type: ignore[union-attr]
+    assert took < 60, f"the dead node was noticed after {took:.0f} s"
