@@ -65,6 +65,9 @@ class Settings:
     max_sourcedir_bytes: int = DEFAULT_MAX_SOURCEDIR_MB << 20
     # RAY_ADDRESS: the cluster the ray runner places hosts on (None: ray.init's default).
     ray_address: str | None = None
+    # TRAINPORT_RAY_INSTANCE_TYPES: JSON sizes of instance types (CPUs, GPUs, memory) for
+    # the ray runner, beside or over its own table (trainport.placement.capacity).
+    ray_instance_types: str = ""
     # The embedded store's folder when it is not under ``home``: a host agent on a Ray
     # node keeps its work under a home of its own but reads the submitter's store.
     store_dir: Path | None = None
@@ -161,7 +164,17 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
             _positive(env, "TRAINPORT_MAX_SOURCEDIR_MB", DEFAULT_MAX_SOURCEDIR_MB) << 20
         ),
         ray_address=env.get("RAY_ADDRESS") or None,
+        ray_instance_types=_instance_types(env.get("TRAINPORT_RAY_INSTANCE_TYPES") or ""),
     )
+
+
+def _instance_types(raw: str) -> str:
+    """The raw JSON, once it parses (imported here: the table's module is heavier)."""
+    if raw.strip():
+        from trainport.placement.capacity import parse_instance_types
+
+        parse_instance_types(raw)
+    return raw
 
 
 def _flag(env: dict[str, str], name: str) -> bool:

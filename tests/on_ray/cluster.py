@@ -96,7 +96,7 @@ class NamespaceCluster:
 
     # -- Ray --------------------------------------------------------------------------------
 
-    def _ray_start(self, node: RayNode, head: bool) -> None:
+    def _ray_start(self, node: RayNode, head: bool, hide: Path | None = None) -> None:
         node.temp_dir.mkdir(parents=True, exist_ok=True)
         ray = str(Path(sys.executable).parent / "ray")
         argv = [ray, "start", "--block", f"--node-ip-address={node.address}"]
@@ -107,6 +107,13 @@ class NamespaceCluster:
         else:
             argv += [f"--address={self.head.address}:{GCS_PORT}"]
         log = open(self.work / f"{node.name}.log", "ab")  # noqa: SIM115 - kept by the process
+        if hide is not None:
+            # A node that does not mount what this machine has at ``hide`` (a store on a
+            # filesystem only the submitter has): an empty tmpfs over it, in a mount
+            # namespace of the node's own.
+            script = f'mount -t tmpfs tmpfs "{hide}" && exec "$@"'
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                    "sh", *argv]  # fmt: skip
         node.process = subprocess.Popen(
             ["ip", "netns", "exec", node.name, *argv],
             env=self.env,
@@ -130,13 +137,25 @@ class NamespaceCluster:
             raise
         return self
 
-    def add_node(self, timeout: float = 90) -> RayNode:
+    def add_node(self, timeout: float = 90, hide: Path | None = None) -> RayNode:
         node = self._node(len(self.nodes))
         self.nodes.append(node)
         self._plug(node)
-        self._ray_start(node, head=False)
-        self.wait_nodes(sum(1 for n in self.nodes if n.process is not None), timeout)
+        self._ray_start(node, head=False, hide=hide)
+        self.wait_nodes(self.running(), timeout)
         return node
+
+    def running(self) -> int:
+        return sum(1 for n in self.nodes if n.process is not None)
+
+    def remove_node(self, node: RayNode, timeout: float = 60) -> None:
+        """Stop ``node`` (its raylet leaves the cluster) and wait until Ray counts it gone."""
+        self._stop(node)
+        deadline = time.monotonic() + timeout
+        while self.alive_nodes() > self.running():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Ray still counts node {node.name} alive after {timeout} s")
+            time.sleep(0.5)
 
     def _wait_port(self, host: str, port: int, timeout: float) -> None:
         import socket

@@ -39,3 +39,41 @@ def test_the_tag_chooses_the_ray_runner() -> None:
     assert spec.runner == "ray"
     with pytest.raises(ValidationError, match="use auto, sandbox, process or ray"):
         parse_request(request("bad", Tags=[{"Key": "trainport:runner", "Value": "cluster"}]))
+
+
+GIB = 1 << 30
+
+
+def test_instance_types_become_bundles_and_configuration_overrides_them() -> None:
+    from trainport.placement.capacity import HostShape, parse_instance_types, shape_of
+
+    assert shape_of("ml.m5.large", {}).bundle() == {"CPU": 2, "memory": 8 * GIB}
+    assert shape_of("ml.g5.xlarge", {}).bundle() == {"CPU": 4, "GPU": 1, "memory": 16 * GIB}
+    mine = parse_instance_types('{"ml.m5.large": {"cpus": 1}, "lab.box": {"cpus": 8, "gpus": 2}}')
+    assert shape_of("ml.m5.large", mine) == HostShape(1, 0, 0)
+    assert shape_of("lab.box", mine).bundle() == {"CPU": 8, "GPU": 2}
+    with pytest.raises(ValidationError, match=r"'ml\.unknown' has no size known"):
+        shape_of("ml.unknown", mine)
+    with pytest.raises(ValidationError, match="cpus must be positive"):
+        parse_instance_types('{"x": {"cpus": 0}}')
+    with pytest.raises(ValidationError, match="is not JSON"):
+        parse_instance_types("{")
+
+
+def test_a_job_no_node_could_hold_is_told_what_is_missing() -> None:
+    from trainport.placement.capacity import HostShape, never_fits, waiting_message
+
+    nodes = [{"CPU": 2.0, "memory": 16.0 * GIB}, {"CPU": 4.0, "memory": 16.0 * GIB}]
+    small = ("algo-1", "ml.m5.large", HostShape(2, 0, 8))
+    big = ("algo-2", "ml.g5.xlarge", HostShape(4, 1, 16))
+    assert never_fits([small, small], nodes) is None
+    assert never_fits([small, big], nodes) == (
+        "host algo-2 (ml.g5.xlarge) needs a node with 4 CPUs, 1 GPUs, 16 GiB memory; no node "
+        "of this Ray cluster has that (the largest has 4 CPUs, 16 GiB memory). Choose a "
+        "smaller InstanceType, or size it in TRAINPORT_RAY_INSTANCE_TYPES"
+    )
+    three = [small, ("algo-2", "ml.m5.large", HostShape(2, 0, 8)), small]
+    assert waiting_message(three, nodes) == (
+        "Waiting for the Ray cluster: the job needs 3 nodes, one per host (3 with 2 CPUs, "
+        "8 GiB memory), free at once; 2 live nodes, 2 of them big enough"
+    )

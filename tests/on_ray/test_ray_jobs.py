@@ -3,10 +3,12 @@ talking to the others by name, failures naming their host."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -249,6 +251,29 @@ def test_the_same_spec_gives_the_same_results_here_and_on_ray(
         sums = {h: d["sum"] for h, d in reports(service, name, 2).items()}
         results[where] = (sums, archive, record.secondary_status)
     assert results["sandbox"] == results["ray"]
+
+
+def test_a_node_that_cannot_see_the_store_is_found_before_the_job_starts(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    # The embedded store lies under pytest's folder, which this node does not mount.
+    hidden = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+    assert home.is_relative_to(hidden)
+    blind = on_ray.add_node(hide=hidden)
+    try:
+        hosts = {**TWO_HOSTS, "InstanceCount": on_ray.running()}  # every node, the blind one too
+        service.create(python_job("ray-blind", "print('never')", ResourceConfig=hosts))
+        record = wait_for(service, "ray-blind", timeout=120)
+    finally:
+        on_ray.remove_node(blind)
+    assert record.status == "Failed"
+    reason = record.failure_reason or ""
+    assert "is not visible on every node" in reason, reason
+    assert f"on node {blind.address}" in reason and "cannot read" in reason, reason
+    assert "AWS_ENDPOINT_URL_S3" in reason
+    assert record.training_start_time is None or "never" not in "".join(
+        t for _, t in service.logs("ray-blind")
+    )
 
 
 def test_a_node_killed_mid_job_fails_it_naming_host_and_node(

@@ -181,6 +181,11 @@ def mpirun_command(
         "-mca", "btl", "^openib",
         "-mca", "orte_abort_on_non_zero_status", "1",
         "-mca", "btl_vader_single_copy_mechanism", "none",
+        # Daemons do not share their hardware topology with their ranks through shared
+        # memory mapped at the "biggest hole" of their address space: orted now and then
+        # chose a hole beside its stack and died of SIGSEGV writing there (about 1 start
+        # in 10 here); ranks read the topology themselves instead.
+        "-mca", "rtc_hwloc_vmhole", "none",
         "-x", f"NCCL_SOCKET_IFNAME={interface}",
         *custom_options,
         *program,

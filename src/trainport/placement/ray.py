@@ -34,6 +34,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,9 @@ from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged
 from trainport.host.layout import HostLayout
 from trainport.jobs.status import Finished, Progress
+from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError
+from trainport.store.api import S3Uri
 
 __all__ = ["HostActor", "NodeInfo", "RayHosts", "check_ray_job", "version_problem"]
 
@@ -92,6 +95,17 @@ class NodeInfo:
     interface: str | None  # the network interface holding ``address``
     trainport_version: str
     python: str
+    store_problem: str | None = None  # why this node cannot reach the job's store
+
+
+@dataclass(frozen=True)
+class StoreProbe:
+    """What a node looks for to prove it reaches the store: the embedded store's probe
+    file and its content, or an S3 bucket to ask about."""
+
+    bucket: str | None
+    path: str | None
+    token: str | None
 
 
 def interface_of(address: str) -> str | None:
@@ -135,14 +149,30 @@ class HostActor:
         self._agent: HostAgent | None = None
         self._stopped_with: float | None = None  # a stop that came before the agent
 
-    def node(self) -> NodeInfo:
+    def node(self, probe: StoreProbe | None = None) -> NodeInfo:
         return NodeInfo(
             self._node_id,
             self._address,
             interface_of(self._address),
             trainport.__version__,
             sys.version.split()[0],
+            self._store_problem(probe) if probe is not None else None,
         )
+
+    def _store_problem(self, probe: StoreProbe) -> str | None:
+        if probe.path is not None:
+            try:
+                seen = Path(probe.path).read_text()
+            except OSError as exc:
+                return f"cannot read {probe.path} ({exc.strerror or exc})"
+            return None if seen == probe.token else f"{probe.path} holds another store's probe"
+        from trainport.store.api import open_store
+
+        try:
+            open_store(self._settings).exists(probe.bucket or "", ".trainport-reach")
+        except Exception as exc:  # the endpoint's own error, said as it is
+            return f"{type(exc).__name__}: {_first_line(exc)}"
+        return None
 
     def _report(self, event: HostEvent) -> None:
         with self._news:
@@ -252,6 +282,7 @@ class RayHosts(HostGroup):
         self._group: Any = None
         self._ended: set[str] = set()
         self._stop_grace: float | None = None
+        self._probe_file: Path | None = None
         self._lock = threading.Lock()
         self._driver: threading.Thread | None = None
 
@@ -360,31 +391,37 @@ class RayHosts(HostGroup):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundles = [{"CPU": 1.0} for _ in self.hosts]
+        shapes = self._shapes()
+
+        def live_nodes() -> list[dict[str, float]]:
+            return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+        problem = capacity.never_fits(shapes, live_nodes())
+        if problem:
+            raise PlacementError(problem)
+        bundles = [shape.bundle() for _, _, shape in shapes]
         self._group = placement_group(bundles, strategy="STRICT_SPREAD", name="")
-        told = False
+        said = None
         started = time.monotonic()
         while not self._group.wait(1):
             if self._stop_grace is not None:
                 return
-            if not told and time.monotonic() - started > 2:
-                alive = sum(1 for n in ray.nodes() if n.get("Alive"))
-                self._put(
-                    StatusChanged(
-                        self.hosts[0],
-                        Progress(
-                            f"Waiting for the Ray cluster: {len(self.hosts)} nodes with "
-                            f"{bundles[0]} free each (one host per node); it has {alive} "
-                            "live nodes"
-                        ),
-                    )
-                )
-                told = True
+            if time.monotonic() - started > 2:
+                # Says what is missing, and again whenever that changes (a node joins).
+                message = capacity.waiting_message(shapes, live_nodes())
+                if message != said:
+                    self._put(StatusChanged(self.hosts[0], Progress(message)))
+                    said = message
+        probe = self._store_probe()
         env = {k: v for k, v in os.environ.items() if k.startswith(_STORE_ENV_PREFIXES)}
         actor_class = ray.remote(max_restarts=0, max_task_retries=0)(HostActor)
         for k, host in enumerate(self.hosts):
+            shape = shapes[k][2]
             options: dict[str, Any] = {
-                "num_cpus": 1,
+                # The agent holds its bundle's GPUs: Ray sets CUDA_VISIBLE_DEVICES for it,
+                # and the agent gives the training process that share.
+                "num_cpus": min(1.0, shape.cpus),
+                "num_gpus": shape.gpus,
                 "max_concurrency": 4,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=k
@@ -395,7 +432,7 @@ class RayHosts(HostGroup):
             self._actors[host] = actor_class.options(**options).remote(self._settings)
         for host, actor in self._actors.items():
             try:
-                self._nodes[host] = ray.get(actor.node.remote(), timeout=300)
+                self._nodes[host] = ray.get(actor.node.remote(probe), timeout=300)
             except Exception as exc:
                 raise PlacementError(
                     f"host {host}: its agent could not start on the node the cluster gave "
@@ -404,6 +441,7 @@ class RayHosts(HostGroup):
                     "Python that runs Ray"
                 ) from exc
         self._check_versions()
+        self._check_store(probe)
         addresses = {h: n.address for h, n in self._nodes.items()}
         log.info("hosts placed on Ray nodes: %s", addresses)
         for host, node in self._nodes.items():
@@ -419,6 +457,50 @@ class RayHosts(HostGroup):
                 mpi_board=None,
             )
             actor.run.remote(plan)
+
+    def _shapes(self) -> list[tuple[str, str, capacity.HostShape]]:
+        """(host, instance type, what it takes) for every host."""
+        spec = next(iter(self._plans.values())).spec
+        overrides = capacity.parse_instance_types(self._settings.ray_instance_types or "{}")
+        return [
+            (h, t, capacity.shape_of(t, overrides))
+            for h, t in ((h, spec.group_of(h).instance_type) for h in self.hosts)
+        ]
+
+    def _store_probe(self) -> StoreProbe:
+        """Something of the store every node must find: for the embedded store a file the
+        supervisor writes into it now, for an S3 endpoint the job's output bucket."""
+        spec = next(iter(self._plans.values())).spec
+        if self._settings.store_kind != "local":
+            return StoreProbe(S3Uri.parse(spec.output_path).bucket, None, None)
+        token = uuid.uuid4().hex
+        path = self._settings.store_root / ".trainport-reach" / f"{spec.name}-{token}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(token)
+        self._probe_file = path
+        return StoreProbe(None, str(path), token)
+
+    def _check_store(self, probe: StoreProbe) -> None:
+        if self._probe_file is not None:
+            self._probe_file.unlink(missing_ok=True)
+        blind = {h: n for h, n in self._nodes.items() if n.store_problem}
+        if not blind:
+            return
+        said = "; ".join(
+            f"host {h} on node {n.address} (id {n.node_id[:12]}): {n.store_problem}"
+            for h, n in sorted(blind.items())
+        )
+        if probe.path is not None:
+            raise PlacementError(
+                f"the embedded store ({self._settings.store_root}) is not visible on every "
+                f"node: {said}. Put TRAINPORT_HOME (or its store folder) on a filesystem every "
+                "node mounts at the same path, or use an S3-compatible store "
+                "(AWS_ENDPOINT_URL_S3) that every node reaches"
+            )
+        raise PlacementError(
+            f"the S3 store is not reachable from every node: {said}. Give every node a route "
+            "to the endpoint (its AWS_* settings travel from here)"
+        )
 
     def _check_versions(self) -> None:
         problem = version_problem(trainport.__version__, self._nodes)
