@@ -253,6 +253,59 @@ def test_the_same_spec_gives_the_same_results_here_and_on_ray(
     assert results["sandbox"] == results["ray"]
 
 
+CHECKPOINTS = """
+import os
+seeded = open('/opt/ml/checkpoints/step-1').read()
+open('/opt/ml/checkpoints/step-2', 'w').write(seeded + '+2')
+open('/opt/ml/model/weights', 'w').write('from ' + os.uname().nodename)
+print('seeded ' + seeded, flush=True)
+"""
+
+
+def test_one_host_uploads_its_model_and_checkpoints_from_its_node(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    import tarfile
+
+    put(home, "ckpt", "run/step-1", "one")
+    body = python_job(
+        "ray-one",
+        CHECKPOINTS,
+        CheckpointConfig={"S3Uri": "s3://ckpt/run", "LocalPath": "/opt/ml/checkpoints"},
+    )
+    service.create(body)
+    record = wait_for(service, "ray-one", timeout=120)
+    assert record.status == "Completed", record.failure_reason
+    assert any(t == "seeded one" for _, t in service.logs("ray-one"))
+    assert (home / "store" / "ckpt" / "run" / "step-2").read_text() == "one+2"
+    with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
+        assert tar.getnames() == ["weights"]
+    # Nothing of the host's tree is left on its node.
+    assert not list(Path(tempfile.gettempdir(), "trainport-ray").glob("*/jobs/ray-one"))
+
+
+def test_the_server_with_the_ray_runner_sends_boto3_jobs_to_the_cluster(
+    home: Path, on_ray: NamespaceCluster, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.server.conftest import KEY_ID, SECRET, TRAIN, client, job, start_server
+    from tests.server.conftest import wait_for as wait_described
+
+    monkeypatch.setenv("TRAINPORT_SERVER_KEYS", f"{KEY_ID}:{SECRET}")
+    put(home, "data", "train/part-0.txt", "one\ntwo\n")
+    server = start_server()  # TRAINPORT_RUNNER=ray: the server's setting
+    try:
+        sm = client(server)
+        sm.create_training_job(**job("ray-boto3", TRAIN, ResourceConfig=TWO_HOSTS))
+        described = wait_described(sm, "ray-boto3", timeout=120)
+    finally:
+        server.close()
+    assert described["TrainingJobStatus"] == "Completed", described.get("FailureReason")
+    assert service.get("ray-boto3").runner == "ray"
+    assert [m["MetricName"] for m in described["FinalMetricDataList"]] == ["loss"]
+    placed = [t for _, t in service.logs("ray-boto3", host="algo-2") if "runs on Ray node" in t]
+    assert placed, "algo-2 did not run on a Ray node"
+
+
 def test_a_node_that_cannot_see_the_store_is_found_before_the_job_starts(
     home: Path, on_ray: NamespaceCluster, service: JobService
 ) -> None:
