@@ -96,7 +96,13 @@ class NamespaceCluster:
 
     # -- Ray --------------------------------------------------------------------------------
 
-    def _ray_start(self, node: RayNode, head: bool, hide: Path | None = None) -> None:
+    def _ray_start(
+        self,
+        node: RayNode,
+        head: bool,
+        hide: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         node.temp_dir.mkdir(parents=True, exist_ok=True)
         ray = str(Path(sys.executable).parent / "ray")
         argv = [ray, "start", "--block", f"--node-ip-address={node.address}"]
@@ -116,7 +122,7 @@ class NamespaceCluster:
                     "sh", *argv]  # fmt: skip
         node.process = subprocess.Popen(
             ["ip", "netns", "exec", node.name, *argv],
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -137,11 +143,15 @@ class NamespaceCluster:
             raise
         return self
 
-    def add_node(self, timeout: float = 90, hide: Path | None = None) -> RayNode:
+    def add_node(
+        self, timeout: float = 90, hide: Path | None = None, env: dict[str, str] | None = None
+    ) -> RayNode:
+        """One more node; ``hide`` a folder it does not mount, ``env`` more of its
+        environment (its workers inherit it)."""
         node = self._node(len(self.nodes))
         self.nodes.append(node)
         self._plug(node)
-        self._ray_start(node, head=False, hide=hide)
+        self._ray_start(node, head=False, hide=hide, env=env)
         self.wait_nodes(self.running(), timeout)
         return node
 

@@ -329,6 +329,32 @@ def test_a_node_that_cannot_see_the_store_is_found_before_the_job_starts(
     )
 
 
+def test_a_node_with_another_trainport_fails_the_job_at_once_naming_it(
+    tmp_path: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    # This node's Python finds another "trainport" first: one without this one's modules.
+    other = tmp_path / "other-trainport"
+    (other / "trainport").mkdir(parents=True)
+    (other / "trainport" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    stranger = on_ray.add_node(env={"PYTHONPATH": str(other)})
+    try:
+        hosts = {**TWO_HOSTS, "InstanceCount": on_ray.running()}  # every node, this one too
+        started = time.monotonic()
+        service.create(python_job("ray-stranger", "print('never')", ResourceConfig=hosts))
+        record = wait_for(service, "ray-stranger", timeout=120)
+        took = time.monotonic() - started
+    finally:
+        on_ray.remove_node(stranger)
+    assert record.status == "Failed"
+    reason = record.failure_reason or ""
+    assert f"could not start on the node the cluster gave it (node {stranger.address}" in reason
+    assert "Every node needs trainport 0.1.0 installed" in reason, reason
+    assert took < 60
+    assert record.training_start_time is None or not any(
+        t == "never" for _, t in service.logs("ray-stranger")
+    )
+
+
 def test_a_node_killed_mid_job_fails_it_naming_host_and_node(
     on_ray: NamespaceCluster, service: JobService
 ) -> None:

@@ -96,6 +96,7 @@ class NodeInfo:
     trainport_version: str
     python: str
     store_problem: str | None = None  # why this node cannot reach the job's store
+    sandbox_problem: str | None = None  # why this node runs jobs unisolated, if it does
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ class HostActor:
             trainport.__version__,
             sys.version.split()[0],
             self._store_problem(probe) if probe is not None else None,
+            _sandbox_problem(),
         )
 
     def _store_problem(self, probe: StoreProbe) -> str | None:
@@ -446,6 +448,12 @@ class RayHosts(HostGroup):
         log.info("hosts placed on Ray nodes: %s", addresses)
         for host, node in self._nodes.items():
             said = f"[trainport] host {host} runs on Ray node {node.address} (id {node.node_id})"
+            if node.sandbox_problem:
+                # "auto" on that node: the job still runs, as it would here, and says so.
+                said += (
+                    ", with NO isolation (the process runner): the node cannot make a "
+                    f"sandbox ({node.sandbox_problem})"
+                )
             self._put(LogLines(host, ((time.time(), said),)))
         for host, actor in self._actors.items():
             node = self._nodes[host]
@@ -587,6 +595,12 @@ def _unpack(packed: bytes, layout: HostLayout) -> None:
                 continue
             member.name = rest
             tar.extract(member, target, filter="data")
+
+
+def _sandbox_problem() -> str | None:
+    from trainport.runners.sandbox import sandbox_problem
+
+    return sandbox_problem()
 
 
 def _first_line(exc: BaseException) -> str:
