@@ -26,6 +26,8 @@ from pathlib import Path
 __all__ = ["NamespaceCluster", "RayNode"]
 
 GCS_PORT = 6379
+MEMORY = 16 << 30
+OBJECT_STORE = 256 << 20
 
 
 @dataclass
@@ -108,6 +110,9 @@ class NamespaceCluster:
         argv = [ray, "start", "--block", f"--node-ip-address={node.address}"]
         argv += [f"--num-cpus={self.cpus}", "--num-gpus=0", "--disable-usage-stats"]
         argv += [f"--temp-dir={node.temp_dir}"]
+        # Declared, not measured: every node holds an ml.m5.large host (8 GiB) whatever this
+        # machine's memory, and the object stores stay small (the nodes share one /dev/shm).
+        argv += [f"--memory={MEMORY}", f"--object-store-memory={OBJECT_STORE}"]
         if head:
             argv += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false"]
         else:
