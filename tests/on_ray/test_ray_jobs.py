@@ -164,6 +164,21 @@ def test_max_runtime_reaches_every_node(on_ray: NamespaceCluster, service: JobSe
         assert any("got SIGTERM" in t for _, t in service.logs("ray-overrun", host=host)), host
 
 
+def test_a_job_stopped_while_it_waits_for_capacity_never_runs(
+    on_ray: NamespaceCluster, service: JobService
+) -> None:
+    many = {**TWO_HOSTS, "InstanceCount": on_ray.running() + 1}
+    service.create(python_job("ray-wait-stop", "print('ran', flush=True)", ResourceConfig=many))
+    deadline = time.monotonic() + 60
+    while "Waiting for the Ray cluster" not in service.get("ray-wait-stop").status_message:
+        assert time.monotonic() < deadline, service.get("ray-wait-stop")
+        time.sleep(0.2)
+    service.stop("ray-wait-stop")
+    record = wait_for(service, "ray-wait-stop", timeout=30)
+    assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+    assert not any(t == "ran" for _, t in service.logs("ray-wait-stop"))
+
+
 def test_a_job_waits_for_capacity_then_runs(on_ray: NamespaceCluster, service: JobService) -> None:
     three = {**TWO_HOSTS, "InstanceCount": 3}
     service.create(python_job("ray-wait", "print('ran', flush=True)", ResourceConfig=three))

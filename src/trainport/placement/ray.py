@@ -375,20 +375,21 @@ class RayHosts(HostGroup):
 
     def _drive(self) -> None:
         try:
-            self._place()
+            placed = self._place()
         except Exception as exc:
             log.error("the job's hosts could not be placed on the Ray cluster: %s", exc)
             reason = str(exc) if isinstance(exc, PlacementError) else f"{type(exc).__name__}: {exc}"
             for host in self.hosts:
                 self._end(host, Finished(None, f"ClientError: {reason}"))
             return
-        if self._stop_grace is not None:  # stopped while it waited for the cluster
+        if not placed:  # stopped while it waited for the cluster
             for host in self.hosts:
                 self._end(host, Finished(None, None))
             return
         self._pump()
 
-    def _place(self) -> None:
+    def _place(self) -> bool:
+        """Reserve the nodes and start every host there; False if a stop came first."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -407,7 +408,7 @@ class RayHosts(HostGroup):
         started = time.monotonic()
         while not self._group.wait(1):
             if self._stop_grace is not None:
-                return
+                return False
             if time.monotonic() - started > 2:
                 # Says what is missing, and again whenever that changes (a node joins).
                 message = capacity.waiting_message(shapes, live_nodes())
@@ -465,6 +466,12 @@ class RayHosts(HostGroup):
                 mpi_board=None,
             )
             actor.run.remote(plan)
+        with self._lock:
+            grace = self._stop_grace
+        if grace is not None:  # a stop that came while the actors were being made
+            for actor in self._actors.values():
+                actor.terminate.remote(grace)
+        return True
 
     def _shapes(self) -> list[tuple[str, str, capacity.HostShape]]:
         """(host, instance type, what it takes) for every host."""
