@@ -321,6 +321,45 @@ def test_the_server_with_the_ray_runner_sends_boto3_jobs_to_the_cluster(
     assert placed, "algo-2 did not run on a Ray node"
 
 
+def _processes_running(needle: str) -> list[int]:
+    found = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if needle.encode() in cmdline and state != b"Z":
+            found.append(int(pid))
+    return found
+
+
+def test_a_dead_supervisor_leaves_no_training_on_the_nodes(
+    on_ray: NamespaceCluster, service: JobService
+) -> None:
+    body = python_job(
+        "ray-orphan",
+        SLEEPER,
+        ResourceConfig=TWO_HOSTS,
+        Tags=[{"Key": "trainport:stop-grace-seconds", "Value": "2"}],
+    )
+    service.create(body)
+    _training_on_every_host(service, "ray-orphan", 2)
+    assert len(_processes_running("ray-orphan-")) >= 2  # the two training processes
+    supervisor = service.get("ray-orphan").supervisor
+    assert supervisor is not None
+    os.kill(supervisor[0], signal.SIGKILL)
+    # Ray ends the dead driver's actors, and the processes they started with them (its
+    # workers' children are killed when a worker exits), so nothing trains on unowned.
+    deadline = time.monotonic() + 60
+    while _processes_running("ray-orphan-"):
+        assert time.monotonic() < deadline, "training still runs on a node"
+        time.sleep(0.2)
+    record = wait_for(service, "ray-orphan", timeout=30)  # reading it reconciles it
+    assert record.status == "Failed"
+    assert "supervisor" in (record.failure_reason or "")
+
+
 def test_a_node_that_cannot_see_the_store_is_found_before_the_job_starts(
     home: Path, on_ray: NamespaceCluster, service: JobService
 ) -> None:
