@@ -3,7 +3,6 @@ talking to the others by name, failures naming their host."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import signal
@@ -364,8 +363,9 @@ def test_a_node_that_cannot_see_the_store_is_found_before_the_job_starts(
     home: Path, on_ray: NamespaceCluster, service: JobService
 ) -> None:
     # The embedded store lies under pytest's folder, which this node does not mount.
-    hidden = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
-    assert home.is_relative_to(hidden)
+    temp = Path(tempfile.gettempdir())
+    assert home.is_relative_to(temp), f"{home}: the test hides pytest's folder under {temp}"
+    hidden = temp / home.relative_to(temp).parts[0]  # pytest-of-USER, or --basetemp's
     blind = on_ray.add_node(hide=hidden)
     try:
         hosts = {**TWO_HOSTS, "InstanceCount": on_ray.running()}  # every node, the blind one too
