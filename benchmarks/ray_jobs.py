@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -186,6 +187,7 @@ def main() -> None:
                 samples[runner].append(ddp_round(service, home, f"ddp-{runner}-{k}", src, runner))
     finally:
         cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
     print(f"\n2-host no-op job, seconds, median of {args.repeat} (interleaved):")
     print(f"{'runner':<10} {'submit -> first line':<36} {'submit -> Completed':<36}")
     for runner in runners:
