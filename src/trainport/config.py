@@ -60,6 +60,10 @@ class Settings:
     # shows the job read-only. Off, such a request is refused: a client could otherwise
     # read any host file it can name.
     server_allow_host_paths: bool = False
+    # TRAINPORT_REQUIRE_ISOLATION=1: a job's hosts must run contained; a Ray node that
+    # cannot make a sandbox fails the job instead of running it unisolated. The server sets
+    # it for the supervisors of the jobs it takes unless it allows the process runner.
+    require_isolation: bool = False
     # TRAINPORT_MAX_SOURCEDIR_MB: the most a job's source tarball may unpack to, so a gzip
     # bomb is refused at submission instead of filling the disk.
     max_sourcedir_bytes: int = DEFAULT_MAX_SOURCEDIR_MB << 20
@@ -160,6 +164,7 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         max_concurrent_jobs=_positive(env, "TRAINPORT_MAX_CONCURRENT_JOBS", 2),
         server_allow_process_runner=_flag(env, "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER"),
         server_allow_host_paths=_flag(env, "TRAINPORT_SERVER_ALLOW_HOST_PATHS"),
+        require_isolation=_flag(env, "TRAINPORT_REQUIRE_ISOLATION"),
         max_sourcedir_bytes=(
             _positive(env, "TRAINPORT_MAX_SOURCEDIR_MB", DEFAULT_MAX_SOURCEDIR_MB) << 20
         ),

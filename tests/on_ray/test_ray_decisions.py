@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tests.conftest import python_job, request
+from trainport.config import load_settings
 from trainport.errors import ValidationError
-from trainport.placement.ray import NodeInfo, check_ray_job, version_problem
+from trainport.jobs.service import JobService
+from trainport.placement.ray import NodeInfo, check_ray_job, isolation_problem, version_problem
 from trainport.spec import parse_request
 
 
@@ -77,3 +84,44 @@ def test_a_job_no_node_could_hold_is_told_what_is_missing() -> None:
         "Waiting for the Ray cluster: the job needs 3 nodes, one per host (3 with 2 CPUs, "
         "8 GiB memory), free at once; 2 live nodes, 2 of them big enough"
     )
+
+
+def test_a_node_without_a_sandbox_is_refused_when_the_job_must_run_isolated() -> None:
+    bare = dataclasses.replace(node("10.0.0.3", "0.1.0"), sandbox_problem="no user namespaces")
+    nodes = {"algo-1": node("10.0.0.2", "0.1.0"), "algo-2": bare}
+    assert isolation_problem(nodes, required=False) is None
+    assert isolation_problem({"algo-1": node("10.0.0.2", "0.1.0")}, required=True) is None
+    problem = isolation_problem(nodes, required=True)
+    assert problem is not None
+    assert problem.startswith(
+        "host algo-2 on node 10.0.0.3 (id ffffffffffff) cannot make a sandbox "
+        "(no user namespaces); this job must run isolated"
+    )
+    assert "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1" in problem
+    assert "algo-1" not in problem
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_service_that_refuses_the_process_runner_makes_its_supervisors_require_isolation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allow: bool
+) -> None:
+    # What the server refuses on its own machine must not run unisolated on a Ray node:
+    # the supervisors it starts carry the requirement to the placement.
+    started: list[dict[str, str]] = []
+
+    class Started:
+        pid = 0
+
+        def __init__(self, argv: list[str], **kwargs: Any) -> None:
+            started.append(kwargs["env"])
+
+        def wait(self) -> int:
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Started)
+    settings = load_settings({"TRAINPORT_HOME": str(tmp_path)})
+    service = JobService(settings, allow_process_runner=allow)
+    service._start_supervisor("isolated")
+    assert started[0].get("TRAINPORT_REQUIRE_ISOLATION") == (None if allow else "1")
+    if not allow:
+        assert load_settings(started[0]).require_isolation

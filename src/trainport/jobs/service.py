@@ -279,10 +279,15 @@ class JobService:
         job_dir = self.settings.jobs_dir / name
         job_dir.mkdir(parents=True, exist_ok=True)
         log_path = job_dir / "supervisor.log"
+        settings = self.settings
+        env = {**os.environ, "TRAINPORT_HOME": str(settings.home)}
+        if not self.allow_process_runner:
+            # What this service refuses here it must not get on a Ray node either.
+            settings = dataclasses.replace(settings, require_isolation=True)
+            env["TRAINPORT_REQUIRE_ISOLATION"] = "1"
         if self.launch == "fork":
-            pid = _fork_supervisor(name, self.settings, log_path)
+            pid = _fork_supervisor(name, settings, log_path)
             return pid, functools.partial(os.waitpid, pid, 0)
-        env = {**os.environ, "TRAINPORT_HOME": str(self.settings.home)}
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "trainport.jobs.supervisor", name],

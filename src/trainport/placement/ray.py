@@ -270,6 +270,27 @@ def version_problem(mine: str, nodes: dict[str, NodeInfo]) -> str | None:
     return f"{said}; this supervisor runs trainport {mine}: install {mine} on every node"
 
 
+def isolation_problem(nodes: dict[str, NodeInfo], required: bool) -> str | None:
+    """Why the job may not run on these nodes when it must run contained, if it may not:
+    a node that cannot make a sandbox would run its host under the process runner."""
+    if not required:
+        return None
+    bare = {h: n for h, n in nodes.items() if n.sandbox_problem}
+    if not bare:
+        return None
+    said = "; ".join(
+        f"host {h} on node {n.address} (id {n.node_id[:12]}) cannot make a sandbox "
+        f"({n.sandbox_problem})"
+        for h, n in sorted(bare.items())
+    )
+    return (
+        f"{said}; this job must run isolated (TRAINPORT_REQUIRE_ISOLATION, set by a server "
+        "that refuses the process runner): make the sandbox work on that node (root, or "
+        "bubblewrap) or, for trusted code only, allow unisolated jobs with "
+        "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1"
+    )
+
+
 class RayHosts(HostGroup):
     """A job's hosts as actors on distinct nodes of a Ray cluster."""
 
@@ -444,6 +465,9 @@ class RayHosts(HostGroup):
                     "Python that runs Ray"
                 ) from exc
         self._check_versions()
+        problem = isolation_problem(self._nodes, self._settings.require_isolation)
+        if problem:
+            raise PlacementError(problem)
         self._check_store(probe)
         addresses = {h: n.address for h, n in self._nodes.items()}
         log.info("hosts placed on Ray nodes: %s", addresses)
