@@ -16,13 +16,14 @@ output folders reachable through :meth:`HostGroup.artifact_folders` for the merg
 
 from __future__ import annotations
 
+import queue
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from trainport.errors import TrainportError
 from trainport.host.events import HostEvent
 
-__all__ = ["HostGroup", "PlacementError"]
+__all__ = ["HostGroup", "PlacementError", "take_events"]
 
 
 class PlacementError(TrainportError):
@@ -54,3 +55,16 @@ class HostGroup(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release what the group holds; the hosts have all ended."""
+
+
+def take_events(events: queue.SimpleQueue[HostEvent], timeout: float) -> list[HostEvent]:
+    """What :meth:`HostGroup.events` gives from a group's own queue: every event there now,
+    waiting up to ``timeout`` s for the first."""
+    got: list[HostEvent] = []
+    try:
+        got.append(events.get(timeout=timeout))
+        while True:
+            got.append(events.get_nowait())
+    except queue.Empty:
+        pass
+    return got

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from trainport.config import Settings
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.events import HostEnded, HostEvent, TrainingStarted
 from trainport.jobs.status import Finished
-from trainport.placement.api import HostGroup
+from trainport.placement.api import HostGroup, take_events
 from trainport.runners.api import Runner
 from trainport.store.api import ObjectStore
 
@@ -68,15 +67,7 @@ class LocalHosts(HostGroup):
         self._queue.put(HostEnded(host, finished, agent.model_uri))
 
     def events(self, timeout: float) -> list[HostEvent]:
-        got: list[HostEvent] = []
-        deadline = time.monotonic() + timeout
-        try:
-            got.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-            while True:
-                got.append(self._queue.get_nowait())
-        except queue.Empty:
-            pass
-        return got
+        return take_events(self._queue, timeout)
 
     def terminate(self, host: str, grace: float) -> None:
         self._agents[host].terminate(grace)

@@ -47,7 +47,7 @@ from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged
 from trainport.host.layout import HostLayout
 from trainport.jobs.status import Finished, Progress
 from trainport.placement import capacity
-from trainport.placement.api import HostGroup, PlacementError
+from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.store.api import S3Uri
 
 __all__ = ["HostActor", "NodeInfo", "RayHosts", "check_ray_job", "version_problem"]
@@ -326,14 +326,7 @@ class RayHosts(HostGroup):
         self._driver.start()
 
     def events(self, timeout: float) -> list[HostEvent]:
-        got: list[HostEvent] = []
-        try:
-            got.append(self._queue.get(timeout=timeout))
-            while True:
-                got.append(self._queue.get_nowait())
-        except queue.Empty:
-            pass
-        return got
+        return take_events(self._queue, timeout)
 
     def terminate(self, host: str, grace: float) -> None:
         with self._lock:
