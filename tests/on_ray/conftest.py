@@ -35,6 +35,9 @@ def ray_cluster() -> Iterator[NamespaceCluster]:
     try:
         yield cluster
     finally:
+        import ray
+
+        ray.shutdown()  # the tests' own connection (a submission checks the cluster's size)
         cluster.close()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import python_job, request
+from tests.conftest import request
 from trainport.config import load_settings
 from trainport.errors import ValidationError
 from trainport.jobs.service import JobService
@@ -32,10 +32,7 @@ def test_nodes_with_another_trainport_are_named_with_both_versions() -> None:
     )
 
 
-def test_what_the_ray_runner_cannot_run_yet_is_refused_at_submission() -> None:
-    mpi = python_job("mpi", "print(1)", Tags=[{"Key": "trainport:distribution", "Value": "mpi"}])
-    with pytest.raises(ValidationError, match="does not run MPI jobs yet"):
-        check_ray_job(parse_request(mpi))
+def test_what_the_ray_runner_cannot_run_is_refused_at_submission() -> None:
     emulated = request("ns", Tags=[{"Key": "trainport:network", "Value": "namespaces"}])
     with pytest.raises(ValidationError, match="its own node and network"):
         check_ray_job(parse_request(emulated))
@@ -125,3 +122,18 @@ def test_a_service_that_refuses_the_process_runner_makes_its_supervisors_require
     assert started[0].get("TRAINPORT_REQUIRE_ISOLATION") == (None if allow else "1")
     if not allow:
         assert load_settings(started[0]).require_isolation
+
+
+def test_a_cluster_that_does_not_answer_is_said_at_submission(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free_port()}")
+    service = JobService(load_settings())
+    with pytest.raises(ValidationError) as caught:
+        service.create(request("no-head"), runner="ray")
+    said = str(caught.value)
+    assert "cannot reach the Ray cluster at RAY_ADDRESS=127.0.0.1:" in said
+    assert "no Ray head runs there" in said and "Set RAY_ADDRESS" in said
+    assert not service.db.exists("no-head")  # nothing stored

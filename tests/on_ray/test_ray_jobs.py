@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, python_job, wait_for
+from tests.conftest import put, python_job, require, wait_for
 from tests.on_ray.cluster import NamespaceCluster
 from tests.test_multihost import torch_job
 from trainport.config import load_settings
+from trainport.errors import ValidationError
 from trainport.jobs.service import JobService
 
 pytestmark = pytest.mark.slow
@@ -84,6 +85,52 @@ def test_torchrun_across_nodes(home: Path, on_ray: NamespaceCluster, service: Jo
     assert sums == [3.0, 3.0]
 
 
+def test_mpi_across_nodes(home: Path, on_ray: NamespaceCluster, service: JobService) -> None:
+    """algo-1's mpirun starts each other host's daemon through that host's actor, on its
+    node; every rank's output lands in the log of the host it ran on."""
+    import shutil
+
+    from tests.test_mpi import RANKS, mpi_job, rank_reports
+    from trainport.host import mpi
+
+    require(
+        shutil.which("mpirun") is not None and mpi.has_mpi4py(),
+        "OpenMPI or mpi4py is not installed (apt-get install openmpi-bin; pip install mpi4py)",
+    )
+    body = mpi_job(home, "ray-mpi", RANKS, epochs="2")
+    body["ResourceConfig"] = TWO_HOSTS
+    service.create(body)
+    record = wait_for(service, "ray-mpi", timeout=240)
+    assert record.status == "Completed", (record.failure_reason, service.logs("ray-mpi"))
+    seen = rank_reports(service, "ray-mpi", 2)
+    assert sorted(r["rank"] for r in seen["algo-1"]) == [0, 1]
+    assert sorted(r["rank"] for r in seen["algo-2"]) == [2, 3]
+    nodes = {n.address for n in on_ray.nodes}
+    for host, ranks in seen.items():
+        for rank in ranks:
+            assert rank["size"] == 4 and rank["total"] == 1 + 2 + 3 + 4
+            assert rank["host"] == host and rank["argv"] == ["--epochs", "2"]
+            assert rank["resolved"] in nodes  # each host's name is its node's address
+    assert seen["algo-1"][0]["resolved"] != seen["algo-2"][0]["resolved"]
+
+
+def test_an_mpi_rank_that_raises_on_another_node_names_rank_and_host(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    from tests.test_mpi import RAISING_RANK, mpi_job
+
+    started = time.monotonic()
+    body = mpi_job(home, "ray-mpi-raise", RAISING_RANK)
+    body["ResourceConfig"] = TWO_HOSTS
+    service.create(body)
+    record = wait_for(service, "ray-mpi-raise", timeout=180)
+    assert record.status == "Failed"
+    # Its log (algo-2's, through mpirun's tagged output) has the traceback.
+    assert "rank 2 on host algo-2" in (record.failure_reason or ""), record.failure_reason
+    assert any("bad shard" in t for _, t in service.logs("ray-mpi-raise", host="algo-2"))
+    assert time.monotonic() - started < 120  # the sleeping ranks were ended, not waited out
+
+
 FAIL_ON_ALGO_2 = """
 import json, os, sys, time, signal
 rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
@@ -107,6 +154,18 @@ def test_a_failure_on_one_node_names_its_host(
     assert record.failure_reason == "algo-2: algo-2 gave up"
     assert time.monotonic() - started < 90  # algo-1 was stopped, not waited out
     assert any("waiting" in t for _, t in service.logs("ray-fails", host="algo-1"))
+
+
+def test_a_job_no_node_could_ever_hold_is_refused_at_submission(
+    on_ray: NamespaceCluster, service: JobService
+) -> None:
+    big = {"InstanceType": "ml.m5.24xlarge", "InstanceCount": 2, "VolumeSizeInGB": 1}
+    with pytest.raises(ValidationError) as caught:
+        service.create(python_job("ray-too-big", "print(1)", ResourceConfig=big))
+    said = str(caught.value)
+    assert said.startswith("ResourceConfig: host algo-1 (ml.m5.24xlarge) needs a node with 96 CPUs")
+    assert "the largest has 2 CPUs" in said and "TRAINPORT_RAY_INSTANCE_TYPES" in said
+    assert not service.db.exists("ray-too-big")
 
 
 def test_settings_name_the_cluster(on_ray: NamespaceCluster) -> None:

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trainport.errors import ValidationError
 from trainport.host import jobtree
@@ -51,6 +51,7 @@ __all__ = [
     "ENV_SHM",
     "VADER_DIR",
     "LaunchBoard",
+    "LaunchRelay",
     "LaunchRequest",
     "MpiSettings",
     "RankDemux",
@@ -350,6 +351,18 @@ class LaunchRequest:
         return self._exit.get()
 
 
+class LaunchRelay(Protocol):
+    """Carries launches from the leader's board to agents in other processes or machines."""
+
+    def launch(self, request: LaunchRequest) -> None:
+        """Start ``request``'s daemon on its host and return at once; the relay finishes
+        ``request`` with the daemon's exit code, and ends the daemon if ``request`` is
+        cancelled first."""
+
+    def close(self) -> None:
+        """The leader's run has ended: hosts still waiting for a launch give up."""
+
+
 def has_mpi4py() -> bool:
     """Whether the job's interpreter can run ``-m mpi4py`` (it layers on this one)."""
     import importlib.util
@@ -367,8 +380,11 @@ class LaunchBoard:
 
     MAX_REQUEST = 1 << 20
 
-    def __init__(self, hosts: Sequence[str]) -> None:
+    def __init__(self, hosts: Sequence[str], relay: LaunchRelay | None = None) -> None:
         self.hosts = tuple(hosts)
+        # Where the other hosts' agents are not in this process (a Ray cluster), the
+        # leader's board relays each launch to them instead of queueing it here.
+        self.relay = relay
         self.token = secrets.token_hex(16)
         self.path: Path | None = None
         self._closed_at: float | None = None
@@ -409,6 +425,8 @@ class LaunchBoard:
         """No more launches: hosts still waiting for one give up."""
         if self._closed_at is None:
             self._closed_at = time.monotonic()
+            if self.relay is not None:
+                self.relay.close()
         self._closed.set()
         for waiting in self._queues.values():
             waiting.put(None)
@@ -418,6 +436,16 @@ class LaunchBoard:
         if self.path is not None:
             with contextlib.suppress(OSError):
                 self.path.unlink()
+
+    def deliver(self, request: LaunchRequest) -> bool:
+        """Queue a launch relayed from the leader's board for this host's agent; False if
+        that host was launched already or the run has ended."""
+        with self._lock:
+            if request.host in self._launched or self._closed.is_set():
+                return False
+            self._launched.add(request.host)
+        self._queues[request.host].put(request)
+        return True
 
     def wait_for(self, host: str, stop: threading.Event) -> LaunchRequest | None:
         """The daemon to run on ``host``, once mpirun asks; None if the run ended first."""
@@ -446,8 +474,10 @@ class LaunchBoard:
             request = self._read(conn)
             if request is None:
                 return
-            waiting = self._queues[request.host]
-            waiting.put(request)
+            if self.relay is not None:
+                self.relay.launch(request)
+            else:
+                self._queues[request.host].put(request)
             done: list[int] = []
             finisher = threading.Thread(target=lambda: done.append(request.wait()), daemon=True)
             finisher.start()

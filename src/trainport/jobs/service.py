@@ -196,9 +196,10 @@ class JobService:
             _refuse_host_paths(request)
         requested = runner or spec.runner or self.settings.runner
         if requested == "ray":
-            from trainport.placement.ray import check_ray_job
+            from trainport.placement.ray import check_cluster, check_ray_job
 
             check_ray_job(spec)
+            check_cluster(spec, self.settings)
             runner_name = "ray"
         else:
             chosen = select_runner(requested)
@@ -285,7 +286,9 @@ class JobService:
             # What this service refuses here it must not get on a Ray node either.
             settings = dataclasses.replace(settings, require_isolation=True)
             env["TRAINPORT_REQUIRE_ISOLATION"] = "1"
-        if self.launch == "fork":
+        # A process connected to a Ray cluster (it checked a ray job's size) must not
+        # fork: the copy would inherit the connection's threads mid-state.
+        if self.launch == "fork" and not _ray_connected():
             pid = _fork_supervisor(name, settings, log_path)
             return pid, functools.partial(os.waitpid, pid, 0)
         with open(log_path, "ab") as out:
@@ -521,6 +524,11 @@ def _stop_group(pgid: int | None, arn: str) -> bool:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     return True
+
+
+def _ray_connected() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
 
 
 def _fork_supervisor(name: str, settings: Settings, log_path: Path) -> int:

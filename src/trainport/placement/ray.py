@@ -28,6 +28,7 @@ import logging
 import os
 import queue
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -42,6 +43,7 @@ from typing import Any
 import trainport
 from trainport.config import Settings
 from trainport.errors import ValidationError
+from trainport.host import mpi
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged
 from trainport.host.layout import HostLayout
@@ -50,7 +52,14 @@ from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.store.api import S3Uri
 
-__all__ = ["HostActor", "NodeInfo", "RayHosts", "check_ray_job", "version_problem"]
+__all__ = [
+    "HostActor",
+    "NodeInfo",
+    "RayHosts",
+    "check_cluster",
+    "check_ray_job",
+    "version_problem",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +72,6 @@ _STORE_ENV_PREFIXES = ("AWS_",)
 def check_ray_job(spec: Any) -> None:
     """Refuse, at submission, what the ray runner cannot run yet (a clear error, not a
     job that fails later on a node)."""
-    from trainport.host import mpi
-
-    if mpi.mpi_settings(spec) is not None:
-        raise ValidationError(
-            "the ray runner does not run MPI jobs yet; use torchrun (--torchrun) or run "
-            "the job on this machine (--runner auto)"
-        )
     if spec.tags.get("trainport:network") == "namespaces":
         raise ValidationError(
             "Tags: trainport:network=namespaces emulates hosts on this machine; on the ray "
@@ -81,6 +83,87 @@ def check_ray_job(spec: Any) -> None:
         raise ValidationError(
             f"the ray runner needs Ray in this environment ({exc}); pip install 'ray[default]'"
         ) from exc
+
+
+def check_cluster(spec: Any, settings: Settings) -> None:
+    """Refuse, at submission, a job that no cluster of this one's shape could ever hold (a
+    host bigger than every node): waiting for capacity would wait forever. Connects this
+    process to the cluster (as a driver) if it is not yet; a cluster that cannot be reached
+    is said as such."""
+    import ray
+
+    shapes = host_shapes(spec, spec.hosts, settings)
+    if not ray.is_initialized():
+        try:
+            if settings.ray_address is None:
+                # ray.init's default: a cluster running on this machine, else a new one of
+                # its own that the supervisor starts; only the first has a shape to check.
+                connect(settings, address="auto")
+            else:
+                connect(settings)
+        except ConnectionError as exc:
+            if settings.ray_address is None:
+                return
+            raise _unreachable(settings, exc) from exc
+        except Exception as exc:  # a bad address, say
+            raise _unreachable(settings, exc) from exc
+    problem = capacity.never_fits(shapes, live_nodes())
+    if problem:
+        raise ValidationError(f"ResourceConfig: {problem}")
+
+
+def _unreachable(settings: Settings, exc: Exception) -> ValidationError:
+    return ValidationError(
+        f"the ray runner cannot reach the Ray cluster at RAY_ADDRESS={settings.ray_address}: "
+        f"{_first_line(exc)}. Set RAY_ADDRESS to the head's address (host:6379), or start "
+        "the cluster (ray start --head)"
+    )
+
+
+def connect(settings: Settings, address: str | None = None) -> None:
+    """This process as a driver of the cluster ``RAY_ADDRESS`` names (ray.init's rules)."""
+    import ray
+
+    address = address or settings.ray_address
+    if address:
+        _probe_gcs(address)
+    ray.init(
+        address=address,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        namespace="trainport",
+    )
+
+
+def _probe_gcs(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on a head that does not answer: ray.init waits minutes for one."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", or a ray:// client address: Ray's own rules apply
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"nothing answers at {address} ({exc.strerror or exc}): no Ray head runs there"
+        ) from exc
+
+
+def live_nodes() -> list[dict[str, float]]:
+    """The total resources of each live node of the connected cluster."""
+    import ray
+
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def host_shapes(
+    spec: Any, hosts: tuple[str, ...], settings: Settings
+) -> list[tuple[str, str, capacity.HostShape]]:
+    """(host, instance type, what it takes) for every host of ``spec``."""
+    overrides = capacity.parse_instance_types(settings.ray_instance_types or "{}")
+    return [
+        (h, t, capacity.shape_of(t, overrides))
+        for h, t in ((h, spec.group_of(h).instance_type) for h in hosts)
+    ]
 
 
 # -- on the node ------------------------------------------------------------------------
@@ -149,6 +232,11 @@ class HostActor:
         self._news = threading.Condition()
         self._agent: HostAgent | None = None
         self._stopped_with: float | None = None  # a stop that came before the agent
+        # MPI: this host's launch board, made by whichever comes first, its own run or
+        # the leader's relayed launch, and the daemon launch it is running, if any.
+        self._board: mpi.LaunchBoard | None = None
+        self._board_lock = threading.Lock()
+        self._launch: mpi.LaunchRequest | None = None
 
     def node(self, probe: StoreProbe | None = None) -> NodeInfo:
         return NodeInfo(
@@ -181,12 +269,21 @@ class HostActor:
             self._events.append(event)
             self._news.notify_all()
 
-    def run(self, plan: HostPlan) -> None:
-        """Run the host to its end; its events, HostEnded last, wait for :meth:`drain`."""
+    def run(self, plan: HostPlan, peers: dict[str, Any] | None = None) -> None:
+        """Run the host to its end; its events, HostEnded last, wait for :meth:`drain`.
+
+        ``peers`` are the other hosts' actors, for an MPI job: algo-1's mpirun reaches
+        their daemons through them."""
         from trainport.runners.api import select_runner
         from trainport.store.api import open_store
 
-        plan = dataclasses.replace(plan, job_dir=self._settings.jobs_dir / plan.spec.name)
+        board = None
+        if peers is not None:
+            relay = _PeerRelay(plan.hosts, peers) if plan.host == plan.hosts[0] else None
+            board = self._mpi_board(plan.hosts, relay)
+        plan = dataclasses.replace(
+            plan, job_dir=self._settings.jobs_dir / plan.spec.name, mpi_board=board
+        )
         model_uri = None
         try:
             if plan.job_dir.exists():  # a rerun of the same job name on this node
@@ -207,6 +304,32 @@ class HostActor:
             log.exception("host agent %s failed", plan.host)
             finished = Finished(None, f"InternalError: host agent failed: {exc}")
         self._report(HostEnded(plan.host, finished, model_uri))
+
+    def _mpi_board(
+        self, hosts: tuple[str, ...], relay: mpi.LaunchRelay | None = None
+    ) -> mpi.LaunchBoard:
+        with self._board_lock:
+            if self._board is None:
+                self._board = mpi.LaunchBoard(hosts, relay)
+            return self._board
+
+    def launch(self, hosts: tuple[str, ...], host: str, command: str) -> int:
+        """Run the MPI daemon algo-1's mpirun asked for on this host (this host's agent
+        runs it as its training command); its exit code once it ends."""
+        request = mpi.LaunchRequest(host, command)
+        if not self._mpi_board(hosts).deliver(request):
+            return 1
+        self._launch = request
+        return request.wait()
+
+    def cancel_launch(self) -> None:
+        """mpirun's launch agent went away: end this host's daemon."""
+        if self._launch is not None:
+            self._launch.cancelled.set()
+
+    def close_launches(self, hosts: tuple[str, ...]) -> None:
+        """algo-1's mpirun has ended: a host still waiting for its daemon gives up."""
+        self._mpi_board(hosts).close()
 
     def drain(self, wait: float) -> list[HostEvent]:
         """The events since the last drain (waiting up to ``wait`` s for one), with runs of
@@ -252,6 +375,44 @@ class HostActor:
         """Remove the host's tree from the node (its log and artifacts have been sent)."""
         if self._agent is not None:
             shutil.rmtree(self._agent.plan.job_dir, ignore_errors=True)
+
+
+class _PeerRelay:
+    """algo-1's MPI launches, carried to the other hosts' actors (see
+    :meth:`HostActor.launch`); a cancelled launch ends the daemon on its node."""
+
+    def __init__(self, hosts: tuple[str, ...], peers: dict[str, Any]) -> None:
+        self._hosts = hosts
+        self._peers = peers
+
+    def launch(self, request: mpi.LaunchRequest) -> None:
+        threading.Thread(
+            target=self._follow, args=(request,), name=f"mpi-relay-{request.host}", daemon=True
+        ).start()
+
+    def _follow(self, request: mpi.LaunchRequest) -> None:
+        import ray
+
+        peer = self._peers[request.host]
+        done = peer.launch.remote(self._hosts, request.host, request.command)
+        cancelled = False
+        while True:
+            ready, _ = ray.wait([done], timeout=0.5)
+            if ready:
+                try:
+                    code = ray.get(done)
+                except Exception as exc:  # its node died: mpirun sees the daemon fail
+                    log.warning("mpi: the daemon on %s was lost: %s", request.host, exc)
+                    code = 1
+                request.finish(code)
+                return
+            if request.cancelled.is_set() and not cancelled:
+                peer.cancel_launch.remote()
+                cancelled = True
+
+    def close(self) -> None:
+        for peer in self._peers.values():
+            peer.close_launches.remote(self._hosts)
 
 
 # -- on the submitting side -------------------------------------------------------------
@@ -315,12 +476,7 @@ class RayHosts(HostGroup):
         import ray
 
         if not ray.is_initialized():
-            ray.init(
-                address=self._settings.ray_address,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-                namespace="trainport",
-            )
+            connect(self._settings)
         (self._job_dir / "logs").mkdir(parents=True, exist_ok=True)
         self._driver = threading.Thread(target=self._drive, name="ray-hosts", daemon=True)
         self._driver.start()
@@ -408,11 +564,8 @@ class RayHosts(HostGroup):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        shapes = self._shapes()
-
-        def live_nodes() -> list[dict[str, float]]:
-            return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
-
+        spec = self._plans[self.hosts[0]].spec
+        shapes = host_shapes(spec, self.hosts, self._settings)
         problem = capacity.never_fits(shapes, live_nodes())
         if problem:
             raise PlacementError(problem)
@@ -439,7 +592,8 @@ class RayHosts(HostGroup):
                 # and the agent gives the training process that share.
                 "num_cpus": min(1.0, shape.cpus),
                 "num_gpus": shape.gpus,
-                "max_concurrency": 4,
+                # run, drain, an MPI daemon's launch, and stop/pack/clean beside them
+                "max_concurrency": 8,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=k
                 ),
@@ -473,6 +627,7 @@ class RayHosts(HostGroup):
                     f"sandbox ({node.sandbox_problem})"
                 )
             self._put(LogLines(host, ((time.time(), said),)))
+        is_mpi = mpi.mpi_settings(self._plans[self.hosts[0]].spec) is not None
         for host, actor in self._actors.items():
             node = self._nodes[host]
             plan = dataclasses.replace(
@@ -480,24 +635,16 @@ class RayHosts(HostGroup):
                 addresses=addresses,
                 network_interface=node.interface or "eth0",
                 netns=None,
-                mpi_board=None,
+                mpi_board=None,  # each node makes its own (see HostActor.run)
             )
-            actor.run.remote(plan)
+            peers = {h: a for h, a in self._actors.items() if h != host} if is_mpi else None
+            actor.run.remote(plan, peers)
         with self._lock:
             grace = self._stop_grace
         if grace is not None:  # a stop that came while the actors were being made
             for actor in self._actors.values():
                 actor.terminate.remote(grace)
         return True
-
-    def _shapes(self) -> list[tuple[str, str, capacity.HostShape]]:
-        """(host, instance type, what it takes) for every host."""
-        spec = next(iter(self._plans.values())).spec
-        overrides = capacity.parse_instance_types(self._settings.ray_instance_types or "{}")
-        return [
-            (h, t, capacity.shape_of(t, overrides))
-            for h, t in ((h, spec.group_of(h).instance_type) for h in self.hosts)
-        ]
 
     def _store_probe(self) -> StoreProbe:
         """Something of the store every node must find: for the embedded store a file the
