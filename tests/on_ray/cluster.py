@@ -126,7 +126,9 @@ class NamespaceCluster:
             argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
                     "sh", *argv]  # fmt: skip
         node.process = subprocess.Popen(
-            ["ip", "netns", "exec", node.name, *argv],
+            # nsenter, not "ip netns exec": that one also mounts a sysfs of the namespace
+            # over /sys, hiding the cgroup tree a node's container engine needs.
+            ["nsenter", f"--net=/run/netns/{node.name}", *argv],
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -33,6 +33,14 @@ def test_nodes_with_another_trainport_are_named_with_both_versions() -> None:
 
 
 def test_what_the_ray_runner_cannot_run_is_refused_at_submission() -> None:
+    isolated = request(
+        "iso",
+        EnableNetworkIsolation=True,
+        ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
+    )
+    with pytest.raises(ValidationError, match="EnableNetworkIsolation with several hosts"):
+        check_ray_job(parse_request(isolated))
+    check_ray_job(parse_request(request("iso-1", EnableNetworkIsolation=True)))
     emulated = request("ns", Tags=[{"Key": "trainport:network", "Value": "namespaces"}])
     with pytest.raises(ValidationError, match="its own node and network"):
         check_ray_job(parse_request(emulated))

@@ -168,6 +168,41 @@ def test_a_job_no_node_could_ever_hold_is_refused_at_submission(
     assert not service.db.exists("ray-too-big")
 
 
+REACH = """
+import json, os, socket
+def reach(address, port):
+    try:
+        socket.create_connection((address, port), timeout=3).close()
+        return "reached"
+    except OSError as exc:
+        return type(exc).__name__
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(1)
+print("REACH " + json.dumps({
+    "head": reach(os.environ["HEAD"], 6379),
+    "own loopback": reach("127.0.0.1", listener.getsockname()[1]),
+}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_a_network_isolated_host_reaches_nothing_from_its_node(
+    on_ray: NamespaceCluster, service: JobService, isolated: bool
+) -> None:
+    name = f"ray-isolated-{isolated}".lower()
+    body = python_job(
+        name, REACH, EnableNetworkIsolation=isolated, Environment={"HEAD": on_ray.head.address}
+    )
+    service.create(body)
+    record = wait_for(service, name, timeout=120)
+    assert record.status == "Completed", (record.failure_reason, service.logs(name))
+    said = next(t for _, t in service.logs(name) if t.startswith("REACH "))
+    seen = json.loads(said[len("REACH ") :])
+    assert seen["own loopback"] == "reached"
+    assert seen["head"] == ("reached" if not isolated else "OSError")
+
+
 def test_settings_name_the_cluster(on_ray: NamespaceCluster) -> None:
     settings = load_settings()
     assert settings.runner == "ray"
@@ -302,6 +337,65 @@ def test_sharded_file_and_pipe_channels_on_nodes(
     assert sorted(shards) == [f"part-{k}" for k in range(4)]  # each object on one host
     assert all(doc["files"] for doc in got.values())
     assert {doc["stream"] for doc in got.values()} == {"every host reads this"}
+
+
+FAST = """
+import json, os
+rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
+root = '/opt/ml/input/data/fast'
+files = {f: open(os.path.join(root, f)).read() for f in sorted(os.listdir(root))}
+print('REPORT ' + json.dumps({'host': rc['current_host'], 'files': files}), flush=True)
+"""
+
+
+def test_a_fastfile_channel_on_nodes(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    require(Path("/dev/fuse").exists(), "FastFile needs FUSE (/dev/fuse)")
+    for k in range(2):
+        put(home, "data", f"fast/part-{k}", f"lazily {k}")
+    channel = {
+        "ChannelName": "fast",
+        "InputMode": "FastFile",
+        "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://data/fast/"}},
+    }
+    body = python_job("ray-fast", FAST, ResourceConfig=TWO_HOSTS, InputDataConfig=[channel])
+    service.create(body)
+    record = wait_for(service, "ray-fast", timeout=120)
+    assert record.status == "Completed", (record.failure_reason, service.logs("ray-fast"))
+    got = reports(service, "ray-fast", 2)
+    expected = {"part-0": "lazily 0", "part-1": "lazily 1"}
+    assert {h: d["files"] for h, d in got.items()} == {"algo-1": expected, "algo-2": expected}
+
+
+def test_two_hosts_in_containers_on_two_nodes(
+    home: Path, on_ray: NamespaceCluster, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An image's hosts, each a container started by its node's agent (podman, on the
+    node's network), talking by name across nodes."""
+    import shutil
+
+    from tests.container.test_container_jobs import TWO_HOSTS as TALK
+    from tests.container.test_container_jobs import _image_tag
+
+    require(shutil.which("podman") is not None, "podman is not installed")
+    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", "podman")
+    image = _image_tag("podman")
+    body = python_job("ray-byo-image", "", ResourceConfig=TWO_HOSTS)
+    body["AlgorithmSpecification"] = {
+        "TrainingImage": image,
+        "TrainingInputMode": "File",
+        "ContainerEntrypoint": ["/bin/sh", "-c", TALK],
+    }
+    service.create(body)
+    record = wait_for(service, "ray-byo-image", timeout=180)
+    lines = [t for _, t in service.logs("ray-byo-image")]
+    assert record.status == "Completed", (record.failure_reason, lines)
+    assert "algo-1 got: hello from algo-2" in lines
+    for host in ("algo-1", "algo-2"):
+        said = [t for _, t in service.logs("ray-byo-image", host=host)]
+        assert any(f"host {host} runs on Ray node" in t for t in said)
+    assert any(f"running image {image} in" in t.message for t in record.transitions)
 
 
 def test_the_same_spec_gives_the_same_results_here_and_on_ray(

@@ -50,6 +50,7 @@ from trainport.host.layout import HostLayout
 from trainport.jobs.status import Finished, Progress
 from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
+from trainport.runners.netns import JobLoopback, netns_problem
 from trainport.store.api import S3Uri
 
 __all__ = [
@@ -76,6 +77,13 @@ def check_ray_job(spec: Any) -> None:
         raise ValidationError(
             "Tags: trainport:network=namespaces emulates hosts on this machine; on the ray "
             "runner each host already has its own node and network"
+        )
+    if spec.network_isolation and len(spec.hosts) > 1:
+        raise ValidationError(
+            "EnableNetworkIsolation with several hosts: the ray runner cannot yet confine a "
+            "host to its job's other nodes (each host would have its node's whole network); "
+            "run it with one host, or on this machine (--runner auto), where isolated hosts "
+            "share a network that reaches nothing else"
         )
     try:
         import ray  # noqa: F401
@@ -285,7 +293,18 @@ class HostActor:
             plan, job_dir=self._settings.jobs_dir / plan.spec.name, mpi_board=board
         )
         model_uri = None
+        network = None
         try:
+            if plan.spec.network_isolation and netns_problem() is None:
+                # One host (check_ray_job refuses more): its own loopback and nothing else.
+                network = JobLoopback(f"{plan.spec.name}-{plan.host}")
+                network.__enter__()
+                plan = dataclasses.replace(
+                    plan,
+                    netns=network.namespace,
+                    network_interface="lo",
+                    addresses={plan.host: "127.0.0.1"},  # the node's address is not there
+                )
             if plan.job_dir.exists():  # a rerun of the same job name on this node
                 shutil.rmtree(plan.job_dir)
             agent = HostAgent(
@@ -303,6 +322,9 @@ class HostActor:
         except BaseException as exc:  # never leave the job without an outcome
             log.exception("host agent %s failed", plan.host)
             finished = Finished(None, f"InternalError: host agent failed: {exc}")
+        finally:
+            if network is not None:
+                network.teardown()
         self._report(HostEnded(plan.host, finished, model_uri))
 
     def _mpi_board(
