@@ -70,6 +70,19 @@ def test_two_hosts_on_two_nodes_all_reduce_by_name(
         assert sorted(tar.getnames()) == ["algo-1.txt", "algo-2.txt"]
 
 
+def test_a_ray_client_address_names_the_cluster_too(
+    on_ray: NamespaceCluster, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RAY_ADDRESS=ray://head:10001, as users name a cluster they do not run a node of: the
+    supervisor drives the job through the head's Ray Client server."""
+    monkeypatch.setenv("RAY_ADDRESS", f"ray://{on_ray.head.address}:10001")
+    service.create(python_job("ray-client", ALL_REDUCE_BY_NAME, ResourceConfig=TWO_HOSTS))
+    record = wait_for(service, "ray-client", timeout=180)
+    assert record.status == "Completed", (record.failure_reason, service.logs("ray-client"))
+    got = reports(service, "ray-client", 2)
+    assert {h: d["sum"] for h, d in got.items()} == {"algo-1": 3.0, "algo-2": 3.0}
+
+
 def test_torchrun_across_nodes(home: Path, on_ray: NamespaceCluster, service: JobService) -> None:
     service.create(torch_job(home, "ray-ddp", 2, 1))
     record = wait_for(service, "ray-ddp", timeout=240)
