@@ -70,6 +70,35 @@ def test_two_hosts_on_two_nodes_all_reduce_by_name(
         assert sorted(tar.getnames()) == ["algo-1.txt", "algo-2.txt"]
 
 
+BIG_MODEL = """
+import hashlib, json, os
+rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
+me = rc['current_host']
+data = os.urandom(70 << 20) if me == 'algo-2' else b'small'
+open(f'/opt/ml/model/{me}.bin', 'wb').write(data)
+print('REPORT ' + json.dumps({'host': me, 'sha': hashlib.sha256(data).hexdigest()}), flush=True)
+"""
+
+
+def test_a_model_larger_than_one_transfer_comes_back_whole(
+    home: Path, on_ray: NamespaceCluster, service: JobService
+) -> None:
+    """algo-2's 70 MiB model folder comes from its node in chunks, into the merged archive."""
+    import hashlib
+    import tarfile
+
+    service.create(python_job("ray-big-model", BIG_MODEL, ResourceConfig=TWO_HOSTS))
+    record = wait_for(service, "ray-big-model", timeout=180)
+    assert record.status == "Completed", record.failure_reason
+    got = reports(service, "ray-big-model", 2)
+    with tarfile.open(home / "store" / record.model_artifacts[len("s3://") :]) as tar:  # type: ignore[index]
+        for host in ("algo-1", "algo-2"):
+            member = tar.extractfile(f"{host}.bin")
+            assert member is not None
+            assert hashlib.sha256(member.read()).hexdigest() == got[host]["sha"]
+    assert not list((home / "jobs" / "ray-big-model" / "hosts").glob("*/packed.tar"))
+
+
 def test_a_ray_client_address_names_the_cluster_too(
     on_ray: NamespaceCluster, service: JobService, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -22,8 +22,8 @@ marked the node dead; the host then ends with a reason naming the host and the n
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
-import io
 import logging
 import os
 import queue
@@ -51,7 +51,7 @@ from trainport.jobs.status import Finished, Progress
 from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.runners.netns import JobLoopback, netns_problem
-from trainport.store.api import S3Uri
+from trainport.store.api import S3Uri, open_store
 
 __all__ = [
     "HostActor",
@@ -218,7 +218,7 @@ def interface_of(address: str) -> str | None:
 
 class HostActor:
     """One host agent on its node. Run as a threaded Ray actor: ``run`` trains while
-    ``drain``, ``terminate`` and ``pack_artifacts`` answer beside it."""
+    ``drain``, ``terminate`` and ``send_artifacts`` answer beside it."""
 
     def __init__(self, settings: Settings) -> None:
         import ray
@@ -379,19 +379,28 @@ class HostActor:
         if self._agent is not None:
             self._agent.terminate(grace)
 
-    def pack_artifacts(self) -> bytes:
-        """The host's model and output data folders as one tar (``model/``, ``output/``),
-        for the supervisor's merged upload. Links the job made are not followed."""
+    def send_artifacts(self, bucket: str, key: str) -> None:
+        """Pack the host's model and output data folders into one tar (``model/``,
+        ``output/``) and put it in the store at ``bucket/key``, for the supervisor's merged
+        upload. Through the store, which every node reaches (checked before the job
+        started), not Ray's object store: a model of gigabytes goes from node to store in
+        one stream. Links the job made are not followed."""
+        from trainport.store.api import open_store
+
         agent = self._agent
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            if agent is not None:
-                layout = agent.plan.layout
-                folders = (("model", layout.model_dir), ("output", layout.output_data_dir))
-                for name, folder in folders:
-                    if folder.is_dir() and not folder.is_symlink():
-                        tar.add(folder, arcname=name, recursive=True)
-        return buffer.getvalue()
+        packed = self._settings.home / "packed" / f"{uuid.uuid4().hex}.tar"
+        packed.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with tarfile.open(packed, mode="w") as tar:
+                if agent is not None:
+                    layout = agent.plan.layout
+                    folders = (("model", layout.model_dir), ("output", layout.output_data_dir))
+                    for name, folder in folders:
+                        if folder.is_dir() and not folder.is_symlink():
+                            tar.add(folder, arcname=name, recursive=True)
+            open_store(self._settings).upload(packed, bucket, key)
+        finally:
+            packed.unlink(missing_ok=True)
 
     def clean(self) -> None:
         """Remove the host's tree from the node (its log and artifacts have been sent)."""
@@ -533,12 +542,26 @@ class RayHosts(HostGroup):
         actor = self._actors.get(host)
         if actor is None or self._plans[host].upload_artifacts:
             return
+        spec = self._plans[host].spec
+        out = S3Uri.parse(spec.output_path)
+        # Beside the job's archives, and gone once read.
+        parts = (out.key.strip("/"), spec.name, "output", ".hosts", f"{host}.tar")
+        key = "/".join(p for p in parts if p)
+        packed = self._job_dir / "hosts" / host / "packed.tar"
+        store = open_store(self._settings)
         try:
-            packed = ray.get(actor.pack_artifacts.remote(), timeout=600)
+            ray.get(actor.send_artifacts.remote(out.bucket, key), timeout=3600)
+            store.download(out.bucket, key, packed)
         except Exception as exc:  # a dead node: its host's files are lost with it
             log.warning("host %s: its artifacts could not be fetched: %s", host, exc)
             return
-        _unpack(packed, layout)
+        finally:
+            with contextlib.suppress(Exception):
+                store.delete(out.bucket, key)
+        try:
+            _unpack(packed, layout)
+        finally:
+            packed.unlink(missing_ok=True)
 
     def close(self) -> None:
         import ray
@@ -778,9 +801,9 @@ class RayHosts(HostGroup):
         self._queue.put(event)
 
 
-def _unpack(packed: bytes, layout: HostLayout) -> None:
+def _unpack(packed: Path, layout: HostLayout) -> None:
     """A host's packed folders into its tree on this machine; members confined to it."""
-    with tarfile.open(fileobj=io.BytesIO(packed), mode="r") as tar:
+    with tarfile.open(packed, mode="r") as tar:
         for member in tar.getmembers():
             top, _, rest = member.name.partition("/")
             target = {"model": layout.model_dir, "output": layout.output_data_dir}.get(top)
