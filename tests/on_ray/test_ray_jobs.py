@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,130 @@ def test_a_model_larger_than_one_transfer_comes_back_whole(
             assert member is not None
             assert hashlib.sha256(member.read()).hexdigest() == got[host]["sha"]
     assert not list((home / "jobs" / "ray-big-model" / "hosts").glob("*/packed.tar"))
+
+
+@pytest.fixture
+def s3_on_bridge(
+    home: Path, on_ray: NamespaceCluster, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """moto's S3 server on the cluster's bridge, which every node reaches; the job's store."""
+    from moto.server import ThreadedMotoServer
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    address = f"{on_ray.subnet}.1"
+    server = ThreadedMotoServer(ip_address=address, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{address}:{port}"
+    for name, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+
+
+S3_JOB = """
+import json, os
+rc = json.load(open('/opt/ml/input/config/resourceconfig.json'))
+me = rc['current_host']
+files = sorted(os.listdir('/opt/ml/input/data/train'))
+with open('/opt/ml/input/data/stream_0', 'rb') as fifo:
+    streamed = fifo.read().decode()
+open(f'/opt/ml/model/{me}.txt', 'w').write(me)
+print('REPORT ' + json.dumps({'host': me, 'files': files, 'stream': streamed}), flush=True)
+"""
+
+
+def test_an_s3_store_on_nodes(s3_on_bridge: str, service: JobService) -> None:
+    """The store is an S3 endpoint: its settings travel to the nodes, which stage their
+    channels from it, and the merged model lands in it."""
+    import io
+    import tarfile
+
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_on_bridge, region_name="us-east-1")
+    for bucket in ("ray-s3-data", "ray-s3-out"):
+        s3.create_bucket(Bucket=bucket)
+    for k in range(4):
+        s3.put_object(Bucket="ray-s3-data", Key=f"shards/part-{k}", Body=f"shard {k}".encode())
+    s3.put_object(Bucket="ray-s3-data", Key="stream/all", Body=b"streamed from S3")
+    channels = [
+        {
+            "ChannelName": "train",
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "S3Prefix",
+                    "S3Uri": "s3://ray-s3-data/shards/",
+                    "S3DataDistributionType": "ShardedByS3Key",
+                }
+            },
+        },
+        {
+            "ChannelName": "stream",
+            "InputMode": "Pipe",
+            "DataSource": {
+                "S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://ray-s3-data/stream/"}
+            },
+        },
+    ]
+    body = python_job(
+        "ray-s3",
+        S3_JOB,
+        ResourceConfig=TWO_HOSTS,
+        InputDataConfig=channels,
+        OutputDataConfig={"S3OutputPath": "s3://ray-s3-out/jobs"},
+    )
+    service.create(body)
+    record = wait_for(service, "ray-s3", timeout=180)
+    assert record.status == "Completed", (record.failure_reason, service.logs("ray-s3"))
+    got = reports(service, "ray-s3", 2)
+    shards = sorted(f for doc in got.values() for f in doc["files"])  # type: ignore[attr-defined]
+    assert shards == [f"part-{k}" for k in range(4)]
+    assert {doc["stream"] for doc in got.values()} == {"streamed from S3"}
+    assert record.model_artifacts == "s3://ray-s3-out/jobs/ray-s3/output/model.tar.gz"
+    packed = s3.get_object(Bucket="ray-s3-out", Key="jobs/ray-s3/output/model.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(packed["Body"].read())) as tar:
+        assert sorted(tar.getnames()) == ["algo-1.txt", "algo-2.txt"]
+    left = s3.list_objects_v2(Bucket="ray-s3-out", Prefix="jobs/ray-s3/")
+    keys = sorted(o["Key"] for o in left.get("Contents", []))
+    assert keys == ["jobs/ray-s3/output/model.tar.gz", "jobs/ray-s3/output/output.tar.gz"]
+
+
+def test_an_s3_endpoint_the_nodes_cannot_reach_is_found_before_the_job_starts(
+    home: Path, on_ray: NamespaceCluster, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """moto on this machine's 127.0.0.1: the supervisor reaches it, no node does."""
+    import boto3
+
+    for name, value in {
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_MAX_ATTEMPTS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(
+        Bucket="out"
+    )
+    service = JobService(load_settings())
+    service.create(python_job("ray-s3-blind", "print('never')", ResourceConfig=TWO_HOSTS))
+    record = wait_for(service, "ray-s3-blind", timeout=180)
+    assert record.status == "Failed"
+    reason = record.failure_reason or ""
+    assert "the S3 store is not reachable from every node" in reason, reason
+    assert "host algo-1 on node" in reason and "host algo-2 on node" in reason, reason
+    assert record.training_start_time is None or not any(
+        t == "never" for _, t in service.logs("ray-s3-blind")
+    )
 
 
 def test_a_ray_client_address_names_the_cluster_too(
