@@ -186,6 +186,9 @@ def main() -> None:
             for runner in runners:
                 samples[runner].append(ddp_round(service, home, f"ddp-{runner}-{k}", src, runner))
     finally:
+        import ray
+
+        ray.shutdown()  # this process's own connection: submitting checks the cluster's size
         cluster.close()
         shutil.rmtree(work, ignore_errors=True)
     print(f"\n2-host no-op job, seconds, median of {args.repeat} (interleaved):")
