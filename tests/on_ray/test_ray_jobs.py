@@ -640,6 +640,32 @@ def test_the_server_with_the_ray_runner_sends_boto3_jobs_to_the_cluster(
     assert placed, "algo-2 did not run on a Ray node"
 
 
+def test_the_cli_runs_a_job_on_the_cluster(
+    home: Path, on_ray: NamespaceCluster, tmp_path: Path
+) -> None:
+    """`trainport run --runner ray`: the command a user types, as its own process (which
+    checks the job against the cluster, then starts the supervisor without forking)."""
+    import subprocess
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "train.py").write_text(
+        "import os\nprint('cli on', os.environ['SM_CURRENT_HOST'], flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "trainport.cli", "run", "--name", "ray-cli",
+         "--entry-point", "train.py", "--source-dir", str(source), "--instance-count", "2",
+         "--runner", "ray"],
+        capture_output=True, text=True, timeout=180, env=dict(os.environ),
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "cli on algo-1" in done.stdout  # algo-1's log, streamed as it came
+    service = JobService(load_settings())
+    record = service.get("ray-cli")
+    assert (record.status, record.runner) == ("Completed", "ray")
+    assert any(t == "cli on algo-2" for _, t in service.logs("ray-cli", host="algo-2"))
+
+
 def _processes_running(needle: str) -> list[int]:
     found = []
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
