@@ -29,7 +29,7 @@ from trainport.host.metrics import MetricMatcher
 from trainport.jobs import liveness
 from trainport.jobs.records import JobRecord, MetricPoint, Transition
 from trainport.jobs.scheduler import Scheduler
-from trainport.jobs.service import JobService, is_orphan
+from trainport.jobs.service import JobService, in_queue, is_orphan
 from trainport.jobs.status import Phase, advance
 
 TRAINPORT = [sys.executable, "-m", "trainport.cli"]
@@ -353,6 +353,9 @@ DEAD = (2, 2, "boot")
         ({"secondary_status": "Starting"}, 1010.0, False),
         ({"secondary_status": "Starting"}, 1000.0 + 3600, True),
         ({"secondary_status": "Pending"}, 1e9, False),
+        # Pending for a Ray cluster's capacity: its supervisor decides.
+        ({"secondary_status": "Pending", "supervisor": LIVE}, 1e9, False),
+        ({"secondary_status": "Pending", "supervisor": DEAD}, 1e9, True),
         ({"secondary_status": "Training", "supervisor": LIVE}, 1e9, False),
         ({"secondary_status": "Training", "supervisor": DEAD}, 1001.0, True),
         ({"status": "Failed", "secondary_status": "Failed", "supervisor": DEAD}, 1e9, False),
@@ -360,6 +363,14 @@ DEAD = (2, 2, "boot")
 )
 def test_the_orphan_verdict(fields: dict[str, object], now: float, orphan: bool) -> None:
     assert is_orphan(_record(**fields), now, lambda ident: ident == LIVE) is orphan
+
+
+def test_only_a_pending_job_without_a_supervisor_is_in_the_queue() -> None:
+    assert in_queue(_record(secondary_status="Pending"))
+    # Waiting for a Ray cluster's capacity: it left the queue, it holds its slot.
+    assert not in_queue(_record(secondary_status="Pending", supervisor=LIVE))
+    assert not in_queue(_record(secondary_status="Starting"))
+    assert not in_queue(_record(status="Stopping", secondary_status="Stopping"))
 
 
 def test_a_job_whose_starter_died_before_its_supervisor_ran(service: JobService) -> None:

@@ -433,9 +433,16 @@ def test_a_job_stopped_while_it_waits_for_capacity_never_runs(
     while "Waiting for the Ray cluster" not in service.get("ray-wait-stop").status_message:
         assert time.monotonic() < deadline, service.get("ray-wait-stop")
         time.sleep(0.2)
+    assert service.get("ray-wait-stop").secondary_status == "Pending"
     service.stop("ray-wait-stop")
     record = wait_for(service, "ray-wait-stop", timeout=30)
     assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
+    assert [t.status for t in record.transitions] == [
+        "Starting",
+        "Pending",
+        "Stopping",
+        "Stopped",
+    ]
     assert not any(t == "ran" for _, t in service.logs("ray-wait-stop"))
 
 
@@ -452,11 +459,20 @@ def test_a_job_waits_for_capacity_then_runs(on_ray: NamespaceCluster, service: J
         )
         time.sleep(0.2)
     record = service.get("ray-wait")
-    assert (record.status, record.secondary_status) == ("InProgress", "Starting")
+    assert (record.status, record.secondary_status) == ("InProgress", "Pending")
     assert "3 nodes" in record.status_message and "2 live nodes" in record.status_message
+    # A server's scheduler counts it as running, holding its slot, never as queued.
+    from trainport.jobs.scheduler import Scheduler
+
+    scheduler = Scheduler(service, limit=1)
+    assert scheduler.tick() == []
+    assert scheduler._census() == ([], 1)
     on_ray.add_node()  # the cluster grows: the job gets its third node
     record = wait_for(service, "ray-wait", timeout=120)
     assert record.status == "Completed", record.failure_reason
+    steps = [t.status for t in record.transitions]
+    assert steps[:3] == ["Starting", "Pending", "Starting"], steps
+    assert steps[-1] == "Completed" and "Training" in steps
 
 
 CHANNELS = """

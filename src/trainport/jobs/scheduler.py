@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from trainport.errors import TrainportError
-from trainport.jobs.service import PENDING, JobService
+from trainport.jobs.service import JobService, in_queue
 from trainport.jobs.status import Status
 
 __all__ = ["Queued", "Scheduler", "plan"]
@@ -80,7 +80,7 @@ class Scheduler:
         running = 0
         for name in active:
             record = db.get(name)
-            if record.status == Status.IN_PROGRESS.value and record.secondary_status == PENDING:
+            if in_queue(record):
                 queued.append(Queued(name, record.creation_time))
             else:
                 running += 1

@@ -44,7 +44,7 @@ from trainport.runners.api import select_runner
 from trainport.spec import JobSpec, confined_uri, parse_request
 from trainport.store.api import ObjectStore, S3Uri, open_store
 
-__all__ = ["JobService", "LogLine", "is_orphan"]
+__all__ = ["JobService", "LogLine", "in_queue", "is_orphan"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,8 @@ _HOST = re.compile(r"algo-[1-9][0-9]{0,2}")
 # Seconds a job whose launcher has died may take to record its supervisor: a supervisor
 # spawned just before its launcher died still records itself once it is up.
 _LAUNCH_WINDOW = 60.0
-PENDING = "Pending"  # SecondaryStatus of a job waiting in a scheduler's queue
+# SecondaryStatus of a job waiting in a scheduler's queue, or for a Ray cluster's capacity
+PENDING = "Pending"
 
 Identity = tuple[int, int, str]
 
@@ -63,6 +64,17 @@ def _launch_time(record: JobRecord) -> float:
     """When the job's latest start began: leaving the queue, or its creation."""
     starts = [t.start_time for t in record.transitions if t.status == "Starting"]
     return max(starts, default=record.creation_time)
+
+
+def in_queue(record: JobRecord) -> bool:
+    """Whether ``record`` waits in a scheduler's queue: Pending, and no supervisor ever
+    recorded. A job whose supervisor waits for a Ray cluster's capacity is Pending too, but
+    it has left the queue: it holds its slot and its supervisor answers a stop."""
+    return (
+        record.status == Status.IN_PROGRESS.value
+        and record.secondary_status == PENDING
+        and record.supervisor is None
+    )
 
 
 def is_orphan(record: JobRecord, now: float, alive: Callable[[Identity], bool]) -> bool:
@@ -246,7 +258,7 @@ class JobService:
 
         def leave_queue(r: JobRecord) -> JobRecord:
             left[0] = False  # update() may retry; only the applied call counts
-            if r.status != Status.IN_PROGRESS.value or r.secondary_status != PENDING:
+            if not in_queue(r):
                 return r
             left[0] = True
             started = advance(r, Phase("Starting", "Preparing the instances"), time.time())

@@ -47,7 +47,7 @@ from trainport.host import mpi
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged
 from trainport.host.layout import HostLayout
-from trainport.jobs.status import Finished, Progress
+from trainport.jobs.status import Finished, Phase, Progress
 from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.runners.netns import JobLoopback, netns_problem
@@ -622,11 +622,16 @@ class RayHosts(HostGroup):
             if self._stop_grace is not None:
                 return False
             if time.monotonic() - started > 2:
-                # Says what is missing, and again whenever that changes (a node joins).
+                # Pending, as SageMaker says of a job waiting for capacity, with what is
+                # missing; said again whenever that changes (a node joins).
                 message = capacity.waiting_message(shapes, live_nodes())
                 if message != said:
-                    self._put(StatusChanged(self.hosts[0], Progress(message)))
+                    change = Phase("Pending", message) if said is None else Progress(message)
+                    self._put(StatusChanged(self.hosts[0], change))
                     said = message
+        if said is not None:
+            starting = Phase("Starting", "Preparing the instances for training")
+            self._put(StatusChanged(self.hosts[0], starting))
         probe = self._store_probe()
         env = {k: v for k, v in os.environ.items() if k.startswith(_STORE_ENV_PREFIXES)}
         actor_class = ray.remote(max_restarts=0, max_task_retries=0)(HostActor)
