@@ -30,7 +30,8 @@ from trainport.jobs import liveness
 from trainport.jobs.records import JobRecord, MetricPoint, Transition
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService, in_queue, is_orphan
-from trainport.jobs.status import Phase, advance
+from trainport.jobs.status import Finished, Phase, advance
+from trainport.jobs.supervisor import should_retry
 
 TRAINPORT = [sys.executable, "-m", "trainport.cli"]
 
@@ -371,6 +372,27 @@ def test_only_a_pending_job_without_a_supervisor_is_in_the_queue() -> None:
     assert not in_queue(_record(secondary_status="Pending", supervisor=LIVE))
     assert not in_queue(_record(secondary_status="Starting"))
     assert not in_queue(_record(status="Stopping", secondary_status="Stopping"))
+
+
+LOST = Finished(None, "InternalServerError: Ray node 10.0.0.3 (host algo-2) died")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "attempt", "attempts", "stopped", "retried"),
+    [
+        (LOST, 1, 2, False, True),
+        (LOST, 2, 2, False, False),  # no attempts left
+        (LOST, 1, 2, True, False),  # stopped: a stop is never undone by a retry
+        (Finished(1, "AlgorithmError: ExitCode 1"), 1, 3, False, False),  # the code's own
+        (Finished(None, "ClientError: the job's hosts could not be started"), 1, 3, False, False),
+        (Finished(0, None), 1, 3, False, False),
+        (LOST, 1, 1, False, False),  # no RetryStrategy
+    ],
+)
+def test_the_retry_verdict(
+    outcome: Finished, attempt: int, attempts: int, stopped: bool, retried: bool
+) -> None:
+    assert should_retry(outcome, attempt, attempts, stopped) is retried
 
 
 def test_a_job_whose_starter_died_before_its_supervisor_ran(service: JobService) -> None:

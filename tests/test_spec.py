@@ -124,3 +124,24 @@ def test_extension_tags() -> None:
         parse_request(request("x1", Tags=[{"Key": "trainport:nope", "Value": "1"}]))
     with pytest.raises(ValidationError, match="stop-grace-seconds"):
         parse_request(request("x1", Tags=[{"Key": "trainport:stop-grace-seconds", "Value": "-1"}]))
+
+
+def test_retry_strategy_is_read() -> None:
+    spec = parse_request(request("retried", RetryStrategy={"MaximumRetryAttempts": 3}))
+    assert spec.retry_attempts == 3
+    assert parse_request(request("not-retried")).retry_attempts == 0
+
+
+@pytest.mark.parametrize(
+    ("strategy", "says"),
+    [
+        ({"MaximumRetryAttempts": 0}, r"RetryStrategy\.MaximumRetryAttempts.*valid min value: 1"),
+        ({"MaximumRetryAttempts": 31}, r"RetryStrategy\.MaximumRetryAttempts.*valid max value: 30"),
+        ({}, r'Missing required parameter in RetryStrategy: "MaximumRetryAttempts"'),
+        ({"MaximumRetryAttempts": "2"}, r"RetryStrategy\.MaximumRetryAttempts.*type"),
+        ({"MaximumRetryAttempts": 1, "Tries": 2}, r'Unknown parameter in RetryStrategy: "Tries"'),
+    ],
+)
+def test_a_malformed_retry_strategy_is_named(strategy: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValidationError, match=says):
+        parse_request(request("retried", RetryStrategy=strategy))

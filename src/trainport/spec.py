@@ -113,6 +113,8 @@ class JobSpec:
     # EnableNetworkIsolation: the hosts reach each other and nothing else (see README,
     # "Network isolation", for how each runner keeps it).
     network_isolation: bool = False
+    # RetryStrategy.MaximumRetryAttempts: runs again after trainport's own failures.
+    retry_attempts: int = 0
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -438,4 +440,5 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
         checkpoint_local_path=local_path,
         tags=tags,
         network_isolation=isolation,
+        retry_attempts=int((request.get("RetryStrategy") or {}).get("MaximumRetryAttempts", 0)),
     )

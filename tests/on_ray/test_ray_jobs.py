@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import put, python_job, require, wait_for
-from tests.on_ray.cluster import NamespaceCluster
+from tests.on_ray.cluster import NamespaceCluster, RayNode
 from tests.test_multihost import torch_job
 from trainport.config import load_settings
 from trainport.errors import ValidationError
@@ -232,7 +232,11 @@ def test_a_ray_client_address_names_the_cluster_too(
     monkeypatch.setenv("RAY_ADDRESS", f"ray://{on_ray.head.address}:10001")
     service.create(python_job("ray-client", ALL_REDUCE_BY_NAME, ResourceConfig=TWO_HOSTS))
     record = wait_for(service, "ray-client", timeout=180)
-    assert record.status == "Completed", (record.failure_reason, service.logs("ray-client"))
+    assert record.status == "Completed", (
+        record.failure_reason,
+        list(service.logs("ray-client")),
+        on_ray.head_logs("ray_client_server*"),
+    )
     got = reports(service, "ray-client", 2)
     assert {h: d["sum"] for h, d in got.items()} == {"algo-1": 3.0, "algo-2": 3.0}
 
@@ -467,8 +471,11 @@ def test_a_job_waits_for_capacity_then_runs(on_ray: NamespaceCluster, service: J
     scheduler = Scheduler(service, limit=1)
     assert scheduler.tick() == []
     assert scheduler._census() == ([], 1)
-    on_ray.add_node()  # the cluster grows: the job gets its third node
-    record = wait_for(service, "ray-wait", timeout=120)
+    grown = on_ray.add_node()  # the cluster grows: the job gets its third node
+    try:
+        record = wait_for(service, "ray-wait", timeout=120)
+    finally:
+        on_ray.remove_node(grown)  # the next tests find the two nodes they expect
     assert record.status == "Completed", record.failure_reason
     steps = [t.status for t in record.transitions]
     assert steps[:3] == ["Starting", "Pending", "Starting"], steps
@@ -769,6 +776,74 @@ def test_a_node_with_another_trainport_fails_the_job_at_once_naming_it(
     assert record.training_start_time is None or not any(
         t == "never" for _, t in service.logs("ray-stranger")
     )
+
+
+RESUMES = """
+import os, signal, sys, time
+mark = '/opt/ml/checkpoints/started'
+if os.path.exists(mark):
+    print('resumed from the checkpoint', flush=True)
+    sys.exit(0)
+open(mark, 'w').write('1')
+print('up', flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_node_killed_mid_job_with_retry_strategy_runs_it_again(
+    home: Path, on_ray: NamespaceCluster, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RetryStrategy: the lost node's InternalServerError starts the job again (Starting,
+    saying why), which waits as Pending for a second node, then resumes from its checkpoint.
+    Leaves the cluster with as many live nodes as it found."""
+    monkeypatch.setenv("TRAINPORT_CHECKPOINT_SYNC_SECONDS", "0.5")
+    body = python_job(
+        "ray-retried",
+        RESUMES,
+        ResourceConfig=TWO_HOSTS,
+        RetryStrategy={"MaximumRetryAttempts": 1},
+        CheckpointConfig={"S3Uri": "s3://out/checkpoints/ray-retried"},
+    )
+    assert on_ray.alive_nodes() == 2  # one lost node leaves too few: the retry waits
+    service = JobService(load_settings())
+    service.create(body)
+    _training_on_every_host(service, "ray-retried", 2)
+    time.sleep(2)  # the checkpoint mark is synced to the store
+    victim = _node_of(service, on_ray, "ray-retried", away_from_head=True)
+    os.kill(on_ray.raylet_pid(victim), signal.SIGKILL)
+    deadline = time.monotonic() + 90
+    while service.get("ray-retried").secondary_status != "Pending":
+        got = service.get("ray-retried")
+        assert time.monotonic() < deadline, (got.transitions, got.failure_reason)
+        time.sleep(0.2)
+    on_ray.remove_node(victim)  # what is left of it (its `ray start`) goes too
+    on_ray.add_node()
+    record = wait_for(service, "ray-retried", timeout=180)
+    assert record.status == "Completed", (record.failure_reason, service.logs("ray-retried"))
+    steps = [(t.status, t.message) for t in record.transitions]
+    restarted = [m for status, m in steps if m.startswith("Restarting the training job")]
+    assert len(restarted) == 1, steps
+    assert restarted[0].startswith("Restarting the training job (attempt 2 of 2, RetryStrategy)")
+    assert f"InternalServerError: Ray node {victim.address}" in restarted[0]
+    order = [status for status, _ in steps]
+    training = order.index("Training")
+    assert order[training + 1 : training + 3] == ["Starting", "Pending"], order
+    assert order[-1] == "Completed"
+    said = [t for _, t in service.logs("ray-retried")]
+    assert "resumed from the checkpoint" in said and any("attempt 2 of 2" in t for t in said)
+
+
+def _node_of(
+    service: JobService, on_ray: NamespaceCluster, job: str, away_from_head: bool
+) -> RayNode:
+    """The node a host of ``job`` runs on (one not the head, if asked)."""
+    where = {}
+    for host in ("algo-1", "algo-2"):
+        for _, text in service.logs(job, host=host):
+            if text.startswith(f"[trainport] host {host} runs on Ray node "):
+                where[host] = text.split()[7]
+    address = next(a for a in where.values() if not away_from_head or a != on_ray.head.address)
+    return next(n for n in on_ray.nodes if n.address == address)
 
 
 def test_a_node_killed_mid_job_fails_it_naming_host_and_node(

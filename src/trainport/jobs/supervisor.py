@@ -16,6 +16,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -207,6 +208,108 @@ def _run_hosts(
             model_uris[event.host] = event.model_uri
 
     store = open_store(settings)
+    attempts = 1 + spec.retry_attempts
+    attempt = 1
+    # One deadline for the whole job, retries included, from when it leaves the queue (as
+    # SageMaker bills it): a job never runs longer than MaxRuntimeInSeconds asked.
+    deadline = time.time() + spec.max_runtime_seconds
+    while True:
+        outcomes.clear()
+        model_uris.clear()
+        ran = _attempt(
+            db, name, record, spec, settings, store, grace, terminate_signal, addresses,
+            network, deadline, apply, on_started,
+        )  # fmt: skip
+        if ran is None:
+            return 1
+        group, failed_host, overdue, stopped = ran
+        failed_host = failed_host or next((h for h in hosts if outcomes[h].exit_code != 0), None)
+        if failed_host and should_retry(outcomes[failed_host], attempt, attempts, stopped):
+            attempt += 1
+            reason = _host_outcome(outcomes[failed_host], failed_host, multi).failure_reason
+            message = (
+                f"Restarting the training job (attempt {attempt} of {attempts}, RetryStrategy) "
+                f"after: {reason}"
+            )
+            log.warning("job %s: %s", name, message)
+            _say_in_logs(settings.jobs_dir / name, hosts, message)
+            # Fresh instances, as SageMaker's retry gets: nothing of the failed attempt's
+            # trees is merged into the next one's archives (checkpoints are in the store).
+            shutil.rmtree(settings.jobs_dir / name / "hosts", ignore_errors=True)
+            emit(Phase("Starting", message))
+            continue
+        break
+    if network is not None:
+        network.teardown()  # before the job is marked ended: an ended job holds nothing
+    finished = (
+        _host_outcome(outcomes[failed_host], failed_host, multi)
+        if failed_host
+        else Finished(0, None)
+    )
+    model_uri = model_uris.get(hosts[0])
+    try:
+        if multi:
+            model_uri, finished = _upload_merged(
+                db, name, settings.jobs_dir, spec, store, group, finished
+            )
+        metrics = _final_metrics(db, name)
+
+        def finish(r: JobRecord) -> JobRecord:
+            if overdue:
+                r = advance(r, _overrun(spec), time.time())
+            done = advance(r, finished, time.time())
+            return dataclasses.replace(done, model_artifacts=model_uri, final_metrics=metrics)
+
+        final = db.update(name, finish)
+    except DatabaseError as exc:
+        # Nothing more to free here (the hosts gave back their room); reconcile ends the
+        # job once its record can be written again.
+        log.error("job %s: its end (%s) could not be recorded: %s", name, finished, exc)
+        return 1
+    log.info("job %s ended %s/%s", name, final.status, final.secondary_status)
+    return 0
+
+
+def should_retry(outcome: Finished, attempt: int, attempts: int, stopped: bool) -> bool:
+    """Whether a failed attempt is run again (RetryStrategy): only for trainport's own
+    failures (InternalServerError: a Ray node that died or was lost), never for the
+    training code's (AlgorithmError), the request's (ClientError) or a stop, and only while
+    attempts remain. ``outcome`` is the failed host's own, ``attempts`` 1 + the retries."""
+    if stopped or outcome.exit_code == 0 or attempt >= attempts:
+        return False
+    return (outcome.failure_reason or "").startswith("InternalServerError")
+
+
+def _say_in_logs(job_dir: Path, hosts: tuple[str, ...], message: str) -> None:
+    for host in hosts:
+        with (
+            contextlib.suppress(OSError),
+            open(job_dir / "logs" / f"{host}.log", "a", encoding="utf-8") as log_file,
+        ):
+            log_file.write(f"{time.time():.3f}\t[trainport] {message}\n")
+
+
+def _attempt(
+    db: JobDB,
+    name: str,
+    record: JobRecord,
+    spec: JobSpec,
+    settings: Settings,
+    store: ObjectStore,
+    grace: float,
+    terminate_signal: threading.Event,
+    addresses: dict[str, str],
+    network: HostNetwork | JobLoopback | None,
+    deadline: float,
+    apply: Callable[[HostEvent], None],
+    on_started: Callable[[int], None],
+) -> tuple[HostGroup, str | None, bool, bool] | None:
+    """Place the job's hosts and run them to their end, applying stop requests and the
+    deadline; (the group, the first host that failed, whether the deadline passed while the
+    record was unwritable, whether the job was stopped), or None if the hosts could not
+    be started (the job is then ended)."""
+    hosts = spec.hosts
+    multi = len(hosts) > 1
     # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
     board = mpi.LaunchBoard(hosts) if mpi.mpi_settings(spec) is not None else None
     plans = [
@@ -231,22 +334,25 @@ def _run_hosts(
         log.error("job %s: its hosts could not be started: %s", name, exc)
         failed = Finished(None, f"ClientError: the job's hosts could not be started: {exc}")
         db.update(name, lambda r: advance(r, failed, time.time()))
-        return 1
-    # Runtime counts from when the job leaves the queue and starts, as SageMaker bills it.
-    deadline = time.time() + spec.max_runtime_seconds
+        return None
     terminating = False
     overdue = False  # stopped at the deadline while its record could not be written
     unreadable = False  # said once per spell of a database that cannot be read
     failed_host: str | None = None
-    while len(outcomes) < len(hosts):
+    done: dict[str, bool] = {}
+
+    def take(event: HostEvent) -> None:
+        if isinstance(event, HostEnded):
+            done[event.host] = event.finished.exit_code == 0
+        apply(event)
+
+    while len(done) < len(hosts):
         for event in group.events(_POLL):
-            apply(event)
+            take(event)
         if terminating:
             continue
         if failed_host is None:
-            failed_host = next(
-                (h for h in hosts if h in outcomes and outcomes[h].exit_code != 0), None
-            )
+            failed_host = next((h for h in hosts if done.get(h) is False), None)
             if failed_host is not None and multi:
                 log.info("host %s failed; stopping the other hosts", failed_host)
                 for host in hosts:
@@ -280,36 +386,7 @@ def _run_hosts(
                 group.terminate(host, grace)
             terminating = True
     group.close()
-    if network is not None:
-        network.teardown()  # before the job is marked ended: an ended job holds nothing
-    failed_host = failed_host or next((h for h in hosts if outcomes[h].exit_code != 0), None)
-    finished = (
-        _host_outcome(outcomes[failed_host], failed_host, multi)
-        if failed_host
-        else Finished(0, None)
-    )
-    model_uri = model_uris.get(hosts[0])
-    try:
-        if multi:
-            model_uri, finished = _upload_merged(
-                db, name, settings.jobs_dir, spec, store, group, finished
-            )
-        metrics = _final_metrics(db, name)
-
-        def finish(r: JobRecord) -> JobRecord:
-            if overdue:
-                r = advance(r, _overrun(spec), time.time())
-            done = advance(r, finished, time.time())
-            return dataclasses.replace(done, model_artifacts=model_uri, final_metrics=metrics)
-
-        final = db.update(name, finish)
-    except DatabaseError as exc:
-        # Nothing more to free here (the hosts gave back their room); reconcile ends the
-        # job once its record can be written again.
-        log.error("job %s: its end (%s) could not be recorded: %s", name, finished, exc)
-        return 1
-    log.info("job %s ended %s/%s", name, final.status, final.secondary_status)
-    return 0
+    return group, failed_host, overdue, terminating
 
 
 def _place(
