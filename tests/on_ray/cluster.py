@@ -76,6 +76,15 @@ class NamespaceCluster:
         """What RAY_ADDRESS names: the head's GCS."""
         return f"{self.head.address}:{GCS_PORT}"
 
+    def head_logs(self, pattern: str, lines: int = 40) -> str:
+        """The last ``lines`` of each of the head's Ray logs ``pattern`` matches (for a test's
+        failure message: what Ray said on its side)."""
+        said = []
+        for path in sorted((self.head.temp_dir / "session_latest" / "logs").glob(pattern)):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            said.append(f"== {path.name}\n" + "\n".join(tail))
+        return "\n".join(said) or f"(no head log matches {pattern})"
+
     # -- the network ----------------------------------------------------------------------
 
     def _make_network(self) -> None:

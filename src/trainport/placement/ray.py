@@ -135,12 +135,29 @@ def connect(settings: Settings, address: str | None = None) -> None:
     address = address or settings.ray_address
     if address:
         _probe_gcs(address)
-    ray.init(
-        address=address,
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-        namespace="trainport",
-    )
+    # A ray:// head starts a server process of its own for each client, and that start can
+    # fail on a loaded head and work a moment later: a few tries before the job fails.
+    tries = _CLIENT_TRIES if address and address.startswith("ray://") else 1
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(
+                address=address,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                namespace="trainport",
+            )
+            return
+        except ConnectionAbortedError as exc:
+            if attempt == tries:
+                raise
+            log.warning(
+                "Ray client server at %s refused connection %d of %d, trying again: %s",
+                address, attempt, tries, str(exc).strip().splitlines()[-1:],
+            )  # fmt: skip
+            time.sleep(2.0 * attempt)
+
+
+_CLIENT_TRIES = 3
 
 
 def _probe_gcs(address: str, timeout: float = 10.0) -> None:
