@@ -30,7 +30,7 @@ from trainport.jobs import liveness
 from trainport.jobs.records import JobRecord, MetricPoint, Transition
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService, in_queue, is_orphan
-from trainport.jobs.status import Finished, Phase, advance
+from trainport.jobs.status import Finished, Phase, advance, goes_back
 from trainport.jobs.supervisor import should_retry
 
 TRAINPORT = [sys.executable, "-m", "trainport.cli"]
@@ -372,6 +372,22 @@ def test_only_a_pending_job_without_a_supervisor_is_in_the_queue() -> None:
     assert not in_queue(_record(secondary_status="Pending", supervisor=LIVE))
     assert not in_queue(_record(secondary_status="Starting"))
     assert not in_queue(_record(status="Stopping", secondary_status="Stopping"))
+
+
+@pytest.mark.parametrize(
+    ("current", "phase", "back"),
+    [
+        ("Training", "Downloading", True),  # a slower host, still staging its channels
+        ("Downloading", "Starting", True),
+        ("Training", "Uploading", False),
+        ("Downloading", "Downloading", False),  # a new message for the same phase
+        ("Pending", "Starting", False),  # placed after waiting for the cluster
+        ("Starting", "Pending", False),
+        ("Stopping", "Training", False),  # not a phase: advance decides
+    ],
+)
+def test_a_host_phase_that_would_take_the_job_back(current: str, phase: str, back: bool) -> None:
+    assert goes_back(current, phase) is back
 
 
 LOST = Finished(None, "InternalServerError: Ray node 10.0.0.3 (host algo-2) died")

@@ -87,6 +87,13 @@ def test_three_hosts_shard_resolve_and_merge(home: Path, service: JobService, ru
     assert names == ["algo-1.txt", "algo-2.txt", "algo-3.txt", "common.txt"]
     assert common == b"algo-1"  # the lowest-numbered host's copy wins
     assert any("common.txt (algo-1, algo-2, algo-3)" in t.message for t in record.transitions)
+    assert [t.status for t in record.transitions] == [
+        "Starting",
+        "Downloading",
+        "Training",
+        "Uploading",
+        "Completed",
+    ]  # three hosts, one job: its phases only go forward
     # FinalMetricDataList and logs: each host keeps its own log
     assert all(
         (home / "jobs" / f"three-{runner}" / "logs" / f"algo-{k}.log").exists() for k in (1, 2, 3)

@@ -92,6 +92,19 @@ def cut_reason(text: str, limit: int = REASON_LIMIT) -> str:
     return text[:head] + gap + text[len(text) - (limit - head - len(gap)) :]
 
 
+# How far a job's hosts have come; one host's later phase never takes the job back.
+_PHASE_ORDER = {"Pending": 0, "Starting": 0, "Downloading": 1, "Training": 2, "Uploading": 3}
+
+
+def goes_back(current: str, phase: str) -> bool:
+    """Whether a host reporting ``phase`` would move a job that is at ``current`` back
+    (a slower host still Downloading while the others train): the job's
+    SecondaryStatusTransitions only go forward, as SageMaker's do."""
+    if current not in _PHASE_ORDER or phase not in _PHASE_ORDER:
+        return False
+    return _PHASE_ORDER[phase] < _PHASE_ORDER[current]
+
+
 def _with_secondary(record: JobRecord, secondary: str, message: str, now: float) -> JobRecord:
     transitions = list(record.transitions)
     if transitions and transitions[-1].status == secondary:

@@ -40,7 +40,16 @@ from trainport.host.events import (
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
-from trainport.jobs.status import Event, Finished, Phase, Progress, Status, StopRequested, advance
+from trainport.jobs.status import (
+    Event,
+    Finished,
+    Phase,
+    Progress,
+    Status,
+    StopRequested,
+    advance,
+    goes_back,
+)
 from trainport.placement import HostGroup, LocalHosts
 from trainport.runners.api import select_runner
 from trainport.runners.netns import HostNetwork, JobLoopback, netns_problem
@@ -169,13 +178,24 @@ def _run_hosts(
     hosts = spec.hosts
     multi = len(hosts) > 1
 
-    def emit(event: Event) -> None:
+    def emit(event: Event, from_host: bool = False) -> None:
         # With several hosts the job uploads once all of them are done: one host's
         # "Uploading" would say so too early.
         if multi and isinstance(event, Phase) and event.secondary == "Uploading":
             return
+
+        def change(r: JobRecord) -> JobRecord:
+            # A slower host's phase does not take the job back; a retry's Starting does.
+            if (
+                from_host
+                and isinstance(event, Phase)
+                and goes_back(r.secondary_status, event.secondary)
+            ):
+                return r
+            return advance(r, event, time.time())
+
         with _unless_unwritable(name, "a status change"):
-            db.update(name, lambda r: advance(r, event, time.time()))
+            db.update(name, change)
 
     def on_started(pgid: int) -> None:
         with _unless_unwritable(name, "its process group"):
@@ -194,7 +214,7 @@ def _run_hosts(
     def apply(event: HostEvent) -> None:
         """One host event into the job's record (logs are already in the job's folder)."""
         if isinstance(event, StatusChanged):
-            emit(event.change)
+            emit(event.change, from_host=True)
         elif isinstance(event, TrainingStarted):
             log.info("host %s started training (process group %d)", event.host, event.pgid)
         elif isinstance(event, MetricsFound):
