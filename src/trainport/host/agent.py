@@ -44,6 +44,7 @@ from trainport.host.events import (
     MetricsFound,
     StatusChanged,
     TrainingStarted,
+    append_log_lines,
 )
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
 from trainport.host.metrics import MetricMatcher
@@ -611,10 +612,9 @@ class HostAgent:
     # -- training -------------------------------------------------------------------------
 
     def _log_line(self, text: str) -> None:
-        now = time.time()
-        with open(self.plan.log_path, "a", encoding="utf-8") as f:
-            f.write(f"{now:.3f}\t{text}\n")
-        self.report(LogLines(self.plan.host, ((now, text),)))
+        line = (time.time(), text)
+        append_log_lines(self.plan.log_path, (line,))
+        self.report(LogLines(self.plan.host, (line,)))
 
     def _train(
         self, cmd: commands.Command, layout: HostLayout, checkpoints: CheckpointSync | None

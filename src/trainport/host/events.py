@@ -15,7 +15,9 @@ is (a Ray actor's return value, a queue between threads) and means the same on e
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainport.jobs.records import MetricPoint
 from trainport.jobs.status import Finished, Phase, Progress
@@ -27,6 +29,7 @@ __all__ = [
     "MetricsFound",
     "StatusChanged",
     "TrainingStarted",
+    "append_log_lines",
 ]
 
 
@@ -56,6 +59,13 @@ class LogLines:
 
     host: str
     lines: tuple[tuple[float, str], ...]
+
+
+def append_log_lines(path: Path, lines: Iterable[tuple[float, str]]) -> None:
+    """Add ``lines`` to a host's log in the job's folder, each as "time<TAB>text", the form
+    JobService.logs reads back."""
+    with open(path, "a", encoding="utf-8") as log_file:
+        log_file.writelines(f"{t:.3f}\t{text}\n" for t, text in lines)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -36,6 +36,7 @@ from trainport.host.events import (
     MetricsFound,
     StatusChanged,
     TrainingStarted,
+    append_log_lines,
 )
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB
@@ -238,12 +239,11 @@ def _run_hosts(
         model_uris.clear()
         ran = _attempt(
             db, name, record, spec, settings, store, grace, terminate_signal, addresses,
-            network, deadline, apply, on_started,
+            network, deadline, apply, outcomes, on_started,
         )  # fmt: skip
         if ran is None:
             return 1
         group, failed_host, overdue, stopped = ran
-        failed_host = failed_host or next((h for h in hosts if outcomes[h].exit_code != 0), None)
         if failed_host and should_retry(outcomes[failed_host], attempt, attempts, stopped):
             attempt += 1
             reason = _host_outcome(outcomes[failed_host], failed_host, multi).failure_reason
@@ -301,12 +301,10 @@ def should_retry(outcome: Finished, attempt: int, attempts: int, stopped: bool) 
 
 
 def _say_in_logs(job_dir: Path, hosts: tuple[str, ...], message: str) -> None:
+    line = (time.time(), f"[trainport] {message}")
     for host in hosts:
-        with (
-            contextlib.suppress(OSError),
-            open(job_dir / "logs" / f"{host}.log", "a", encoding="utf-8") as log_file,
-        ):
-            log_file.write(f"{time.time():.3f}\t[trainport] {message}\n")
+        with contextlib.suppress(OSError):
+            append_log_lines(job_dir / "logs" / f"{host}.log", (line,))
 
 
 def _attempt(
@@ -322,12 +320,13 @@ def _attempt(
     network: HostNetwork | JobLoopback | None,
     deadline: float,
     apply: Callable[[HostEvent], None],
+    outcomes: Mapping[str, Finished],
     on_started: Callable[[int], None],
 ) -> tuple[HostGroup, str | None, bool, bool] | None:
     """Place the job's hosts and run them to their end, applying stop requests and the
     deadline; (the group, the first host that failed, whether the deadline passed while the
     record was unwritable, whether the job was stopped), or None if the hosts could not
-    be started (the job is then ended)."""
+    be started (the job is then ended). ``apply`` fills ``outcomes`` as hosts end."""
     hosts = spec.hosts
     multi = len(hosts) > 1
     # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
@@ -359,20 +358,13 @@ def _attempt(
     overdue = False  # stopped at the deadline while its record could not be written
     unreadable = False  # said once per spell of a database that cannot be read
     failed_host: str | None = None
-    done: dict[str, bool] = {}
-
-    def take(event: HostEvent) -> None:
-        if isinstance(event, HostEnded):
-            done[event.host] = event.finished.exit_code == 0
-        apply(event)
-
-    while len(done) < len(hosts):
+    while len(outcomes) < len(hosts):
         for event in group.events(_POLL):
-            take(event)
+            apply(event)
         if terminating:
             continue
         if failed_host is None:
-            failed_host = next((h for h in hosts if done.get(h) is False), None)
+            failed_host = _first_failed(hosts, outcomes)
             if failed_host is not None and multi:
                 log.info("host %s failed; stopping the other hosts", failed_host)
                 for host in hosts:
@@ -406,7 +398,11 @@ def _attempt(
                 group.terminate(host, grace)
             terminating = True
     group.close()
-    return group, failed_host, overdue, terminating
+    return group, failed_host or _first_failed(hosts, outcomes), overdue, terminating
+
+
+def _first_failed(hosts: tuple[str, ...], outcomes: Mapping[str, Finished]) -> str | None:
+    return next((h for h in hosts if h in outcomes and outcomes[h].exit_code != 0), None)
 
 
 def _place(

@@ -45,7 +45,7 @@ from trainport.config import Settings
 from trainport.errors import ValidationError
 from trainport.host import mpi
 from trainport.host.agent import HostAgent, HostPlan
-from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged
+from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged, append_log_lines
 from trainport.host.layout import HostLayout
 from trainport.jobs.status import Finished, Phase, Progress
 from trainport.placement import capacity
@@ -152,7 +152,7 @@ def connect(settings: Settings, address: str | None = None) -> None:
                 raise
             log.warning(
                 "Ray client server at %s refused connection %d of %d, trying again: %s",
-                address, attempt, tries, str(exc).strip().splitlines()[-1:],
+                address, attempt, tries, " ".join(str(exc).split())[-300:],
             )  # fmt: skip
             time.sleep(2.0 * attempt)
 
@@ -813,8 +813,7 @@ class RayHosts(HostGroup):
         if isinstance(event, LogLines):
             # The job's log lives on the submitting side, as it does for local hosts.
             try:
-                with open(self._job_dir / "logs" / f"{event.host}.log", "a", encoding="utf-8") as f:
-                    f.writelines(f"{t:.3f}\t{text}\n" for t, text in event.lines)
+                append_log_lines(self._job_dir / "logs" / f"{event.host}.log", event.lines)
             except OSError as exc:
                 log.warning("host %s: log lines not written: %s", event.host, exc)
         if isinstance(event, HostEnded):
