@@ -281,8 +281,6 @@ class HostActor:
             except OSError as exc:
                 return f"cannot read {probe.path} ({exc.strerror or exc})"
             return None if seen == probe.token else f"{probe.path} holds another store's probe"
-        from trainport.store.api import open_store
-
         try:
             open_store(self._settings).exists(probe.bucket or "", ".trainport-reach")
         except Exception as exc:  # the endpoint's own error, said as it is
@@ -300,7 +298,6 @@ class HostActor:
         ``peers`` are the other hosts' actors, for an MPI job: algo-1's mpirun reaches
         their daemons through them."""
         from trainport.runners.api import select_runner
-        from trainport.store.api import open_store
 
         board = None
         if peers is not None:
@@ -402,8 +399,6 @@ class HostActor:
         upload. Through the store, which every node reaches (checked before the job
         started), not Ray's object store: a model of gigabytes goes from node to store in
         one stream. Links the job made are not followed."""
-        from trainport.store.api import open_store
-
         agent = self._agent
         packed = self._settings.home / "packed" / f"{uuid.uuid4().hex}.tar"
         packed.parent.mkdir(parents=True, exist_ok=True)
