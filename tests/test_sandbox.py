@@ -25,7 +25,7 @@ from trainport.runners.api import Placement
 SECRET = "s3cr3t-key-material"
 
 
-@pytest.fixture(params=["unshare", "bwrap"])
+@pytest.fixture(params=["runc", "bwrap"])
 def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     way = str(request.param)
     problem = sandbox_module._probe(way)
@@ -197,7 +197,7 @@ def test_a_job_cannot_unmount_or_mount_and_has_no_capabilities(
     assert caps == "['CapPrm:\\t0000000000000000', 'CapEff:\\t0000000000000000', 'NoNewPrivs:\\t1']"
     assert uid == "uid 0"  # root inside, as SageMaker scripts expect
     assert (unmounted, mounted) == ("unmounted []", "mounted False")
-    assert wrote == "refused OSError"
+    assert wrote in ("refused OSError", "refused PermissionError")
 
 
 SMUGGLES = """
@@ -373,8 +373,8 @@ def test_the_plan_mounts_an_allow_list_and_nothing_private(tmp_path: Path) -> No
     placement = _placement(tmp_path)
     home = str(tmp_path / "home" / ".trainport")
     view = HostView(
-        system={"/usr": "", "/bin": "usr/bin", "/etc": ""},
-        masked=("/etc/shadow", "/etc/ssh/"),
+        system={"/usr": "", "/bin": "usr/bin"},
+        etc=("/etc/resolv.conf", "/etc/ssl"),
         gpu_devices=(),
         # The interpreter under the home folder that holds TRAINPORT_HOME: only itself.
         interpreter=(str(tmp_path / "home" / ".venv"), "/home/tester/.pyenv/versions/3", "/usr"),
@@ -382,7 +382,8 @@ def test_the_plan_mounts_an_allow_list_and_nothing_private(tmp_path: Path) -> No
         existing=frozenset({"/tmp/scripts/train.py", f"{home}/envs/abc/bin"}),
     )
     plan = plan_sandbox(placement, view)
-    assert plan.namespaces == ("user", "mount", "pid", "ipc")
+    assert plan.namespaces == ("user", "mount", "pid", "ipc", "uts")
+    assert plan.hostname == "algo-1"
     assert (plan.uid, plan.capabilities, plan.no_new_privs) == (0, (), True)
     sources = plan.sources()
     own = {f"{home}/jobs/j/hosts/algo-1", f"{home}/jobs/j/hosts/algo-1.etc-hosts"}
@@ -391,7 +392,12 @@ def test_the_plan_mounts_an_allow_list_and_nothing_private(tmp_path: Path) -> No
     assert [s for s in sources if s.startswith(home) and s not in own] == [f"{home}/envs/abc"]
     assert str(tmp_path / "home") not in sources and "/root/.cargo/bin" not in sources
     kinds = [(m.kind, m.target) for m in plan.mounts]
-    assert (MountKind.MASK, "/etc/shadow") in kinds and (MountKind.PROC, "/proc") in kinds
+    assert (MountKind.PROC, "/proc") in kinds
+    # /etc is an allow-list: the entries named, and files written for the job.
+    etc = {m.target: m for m in plan.mounts if m.target.startswith("/etc")}
+    assert set(etc) == {"/etc/resolv.conf", "/etc/ssl", "/etc/passwd", "/etc/group",
+                        "/etc/hostname", "/etc/hosts"}  # fmt: skip
+    assert etc["/etc/passwd"].kind is MountKind.FILE and etc["/etc/hostname"].source == "algo-1\n"
     # The entry script is shown after /tmp is made empty, else the tmpfs would hide it.
     assert kinds.index((MountKind.RO_BIND, "/tmp/scripts/train.py")) > kinds.index(
         (MountKind.TMPFS, "/tmp")
@@ -412,7 +418,7 @@ def test_a_request_naming_a_private_path_or_its_parent_gets_neither(tmp_path: Pa
     named = (str(home / "trainport.db"), str(tmp_path / "home"), "/", "/srv/data")
     placement = _placement(tmp_path, argv=("cat", *named))
     view = HostView(
-        system={}, masked=(), gpu_devices=(), interpreter=(), package="/usr/lib/x",
+        system={}, etc=(), gpu_devices=(), interpreter=(), package="/usr/lib/x",
         existing=frozenset(named), folders=frozenset(named[1:]),
     )  # fmt: skip
     plan = plan_sandbox(placement, view)

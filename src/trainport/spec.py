@@ -53,6 +53,8 @@ EXTENSION_TAGS = {
     "namespaces (root: each host a network namespace on a bridge)",
     "trainport:host-bandwidth": "with network=namespaces, shape each host's link with tc tbf "
     "to this rate (e.g. 400mbit)",
+    "trainport:resources": "instance (default: each host gets its InstanceType's memory, CPUs "
+    "and processes, enforced) or machine (no limits: the whole machine)",
 }
 
 MAX_HOSTS = 64
@@ -387,6 +389,10 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
                 f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "
                 "processes from 1 to 1024"
             )
+        if key == "trainport:resources":
+            from trainport.runners.limits import parse_resources_tag
+
+            parse_resources_tag(value)
         if key == "trainport:distribution" and value not in ("torchrun", "mpi"):
             raise ValidationError(f"Tags: trainport:distribution={value!r}; use torchrun or mpi")
         if key == "trainport:processes-per-host" and not (

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from trainport.config import Settings
+from trainport.config import RoleCredentials, Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import diskspace, gpus, jobtree, mpi, mpi_rank, pipe
+from trainport.host import diskspace, gpus, jobenv, jobtree, mpi, mpi_rank, pipe
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -52,6 +52,7 @@ from trainport.jobs.records import MetricPoint
 from trainport.jobs.status import Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
 from trainport.runners.container import ContainerRunner
+from trainport.runners.limits import Limits, host_limits
 from trainport.spec import JobSpec
 from trainport.store.api import ObjectStore, S3Uri
 
@@ -373,22 +374,34 @@ class HostAgent:
         )
 
     def _base_env(self, base_dir: str) -> dict[str, str]:
+        """The job's environment: an allow-list (see host.jobenv), nothing of this
+        process's own, whoever started it."""
         spec = self.plan.spec
-        env = dict(os.environ)
-        for key in [k for k in env if k.startswith(("SM_", "TRAINPORT_"))]:
-            del env[key]  # the job's contract, not the caller's leftovers
-        env.update(spec.environment)
+        env = jobenv.job_environment(
+            request=spec.environment,
+            home=self._home(base_dir),
+            interface=self.plan.network_interface,
+            credentials=self._role_credentials(),
+        )
         env["TRAINING_JOB_NAME"] = spec.name
         env["TRAINING_JOB_ARN"] = self.plan.arn
         env["SAGEMAKER_BASE_DIR"] = base_dir
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        # Collective libraries pick their interface from the hostname, which resolves to
-        # the machine's address, not the host's: name the host's interface instead.
-        env.setdefault("GLOO_SOCKET_IFNAME", self.plan.network_interface)
-        env.setdefault("NCCL_SOCKET_IFNAME", self.plan.network_interface)
         if spec.pipe_workers:
             env["TRAINPORT_PIPE_WORKERS"] = str(spec.pipe_workers)
         return env
+
+    def _role_credentials(self) -> RoleCredentials | None:
+        return self.settings.credentials_for(self.plan.spec.request.get("RoleArn"))
+
+    def _home(self, base_dir: str) -> str:
+        """The job's HOME: in a sandbox its private empty folder (see runners.plan); where
+        the job sees its tree where it lies (the process runner), a folder in that tree."""
+        root = self.plan.layout.root
+        if base_dir != str(root):
+            return "/root"
+        home = root / mpi.PRIVATE / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        return str(home)
 
     def _gpus(self) -> gpus.GpuShare:
         """This host's share of the machine's GPUs (told in the status when hosts share)."""
@@ -410,6 +423,8 @@ class HostAgent:
         share = self._gpus()
         if "CUDA_VISIBLE_DEVICES" not in spec.environment:  # the request's own choice wins
             env.update(share.environment())
+            if not share.machine and "CUDA_VISIBLE_DEVICES" in os.environ:
+                env["CUDA_VISIBLE_DEVICES"] = ""  # this machine lends none: the job sees none
         how = commands.check_runnable(spec)
         if how == "container":
             engine = commands.container_engine(spec)
@@ -428,6 +443,7 @@ class HostAgent:
                 share.devices,
                 self.plan.job_dir,
                 mount_code=code is not None,
+                credentials=jobenv.role_environment(self._role_credentials(), spec.environment),
             )
         if spec.network_isolation and not self.plan.netns:
             # Without root there is no namespace to put the job in; its code runs all the
@@ -629,6 +645,7 @@ class HostAgent:
             shared=(self.settings.envs_dir,),
             netns=self.plan.netns,
             hosts=self.plan.hosts,
+            limits=self._limits(),
         )
         with self._lock:
             if self._stop.is_set():
@@ -673,7 +690,15 @@ class HostAgent:
             syncer.join()
         if self._stream_failure:
             return Finished(code or 1, f"ClientError: {self._stream_failure}")
+        over = process.limit_reason() if code else None
+        if over:
+            self._log_line(f"[trainport] {over}")
+            return Finished(code, over)
         return Finished(code, self._failure_reason(layout, code))
+
+    def _limits(self) -> Limits | None:
+        spec = self.plan.spec
+        return host_limits(spec.group_of(self.plan.host).instance_type, spec.tags)
 
     def _sync_loop(self, checkpoints: CheckpointSync, done: threading.Event) -> None:
         while not done.wait(self.settings.checkpoint_sync_seconds):

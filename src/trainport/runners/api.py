@@ -10,9 +10,12 @@ import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from trainport.errors import SandboxError, ValidationError
+
+if TYPE_CHECKING:
+    from trainport.runners.limits import Limits
 
 __all__ = ["PROCESS_RUNNER_WARNING", "HostProcess", "Placement", "Runner", "select_runner"]
 
@@ -40,6 +43,7 @@ class Placement:
     shared: tuple[Path, ...] = field(default_factory=tuple)
     netns: str | None = None  # the host's network namespace, in namespace-network mode
     hosts: tuple[str, ...] = ()  # every host of the job, each a name that must resolve
+    limits: Limits | None = None  # the instance type's resources; None: the whole machine
 
 
 class HostProcess:
@@ -70,6 +74,10 @@ class HostProcess:
             self._keep_open.close()
             self._keep_open = None
         return 128 - code if code < 0 else code
+
+    def limit_reason(self) -> str | None:
+        """Why the host ended, if a limit of its instance type ended it (its memory)."""
+        return None
 
     def group_alive(self) -> bool:
         """Whether a process of the group still runs (zombies do not count: bubblewrap's

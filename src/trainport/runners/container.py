@@ -59,6 +59,9 @@ _PODMAN_FLAGS = (
     "nofile=20000:20000",
     "--ulimit",
     "nproc=32768:32768",
+    # Podman hands its own proxy variables to a container unasked; a job gets none of the
+    # machine's environment.
+    "--http-proxy=false",
 )
 # The labels every job container carries: the job's name (for users: podman ps --filter
 # label=trainport.job=NAME) and its folder, unique to one TRAINPORT_HOME.
@@ -82,6 +85,9 @@ class ContainerJob:
     name: str  # the container's name: unique per job and host
     host: str  # algo-k: the container's hostname
     env: dict[str, str]  # the job's contract only, never the machine's environment
+    # Its role's credentials: named on the engine's command line, their values passed in
+    # the engine's own environment, so that no other user of the machine reads them there.
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
     entrypoint: tuple[str, ...] = ()
     arguments: tuple[str, ...] = ()
     network_isolation: bool = False
@@ -135,6 +141,8 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
         argv += ["--label", f"{key}={value}"]
     for key, value in sorted(job.env.items()):
         argv += ["-e", f"{key}={value}"]
+    for key in sorted(set(job.secret_env) - set(job.env)):
+        argv += ["-e", key]  # the value comes from the engine's environment
     if job.gpu_devices:
         if engine_kind(job.engine) == "docker":
             argv += ["--gpus", "device=" + ",".join(job.gpu_devices)]
@@ -242,6 +250,7 @@ class ContainerRunner(Runner):
         try:
             popen = subprocess.Popen(
                 argv,
+                env={**os.environ, **self.job.secret_env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

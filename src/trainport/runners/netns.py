@@ -1,28 +1,46 @@
-"""Network-namespace hosts: each host of a job gets its own network stack on a bridge.
+"""A job's own network: each host a network namespace on a bridge of the job's.
 
-With ``trainport:network=namespaces`` (root only) every host ``algo-k`` runs inside a
-network namespace whose ``eth0`` (a veth pair) sits on a per-job bridge, at
-``10.<a>.<b>.(k+1)/24``. Traffic between hosts then crosses real interfaces, so each host's
-bandwidth can be shaped with ``tc tbf`` (``trainport:host-bandwidth``, e.g. ``400mbit``,
-applied in both directions of each host's link). The namespaces and the bridge are removed
-when the job ends.
+As root (and not on the ray runner), every host ``algo-k`` of a job runs inside a network
+namespace whose ``eth0`` (a veth pair) sits on the job's bridge ``tpb<tag>``, at
+``10.<a>.<b>.(k+1)/24``. The hosts reach each other over the bridge and the outside through
+NAT (the bridge holds the gateway ``.1``; forwarding on, a masquerade rule for the bridge);
+nothing of the machine or of another job exists for them. trainport's rules live in one
+nftables table, ``inet trainport``: its chains drop whatever arrives at the machine from
+any trainport bridge (bar replies to connections the machine opened) and whatever one
+bridge would forward to another, and the job's bridge is an element of its sets while it
+runs. Each host's link may be shaped with ``tc tbf`` (``trainport:host-bandwidth``, e.g.
+``400mbit``, both directions). Namespaces, bridge and set elements go when the job ends.
+
+The decision is :func:`choose_network`, a pure function: the tag ``trainport:network``
+(``loopback`` opts out, ``namespaces`` insists), the runner, EnableNetworkIsolation and what
+the machine can make. Without root the hosts share the machine's network, each at its own
+loopback address (see ``host_addresses`` in the supervisor).
 
 EnableNetworkIsolation: the hosts must still reach each other (distributed training) and
 nothing else. On the bridge, an isolated job's bridge gets no address of the machine's
-(neither IPv4 nor an IPv6 link-local one), so nothing on this machine is reachable from a
-host, and no namespace has a route out. In loopback mode, :class:`JobLoopback` is one
-namespace for all the job's hosts holding only ``lo``: each host keeps its own 127.a.b.k
-address there, and that loopback is the job's alone.
+(neither IPv4 nor an IPv6 link-local one) and no NAT, and no namespace has a route out. In
+loopback mode, :class:`JobLoopback` is one namespace for all the job's hosts holding only
+``lo``: each host keeps its own 127.a.b.k address there, and that loopback is the job's alone.
+
+Setup is on every job's start path, so it is batched: one ``ip -batch`` for the machine's
+side, one per namespace, one ``nft -f`` and one small shell per namespace for its sysctls,
+the last three running at once.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import ipaddress
 import logging
 import os
 import re
+import shutil
+import socket
+import struct
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainport.errors import SandboxError, ValidationError
 
@@ -30,6 +48,9 @@ __all__ = [
     "HostNetwork",
     "JobLoopback",
     "NamespaceHost",
+    "NetworkMode",
+    "choose_network",
+    "firewall_problem",
     "keep_in_order",
     "netns_problem",
     "network_tag",
@@ -63,6 +84,50 @@ def netns_problem() -> str | None:
     return None
 
 
+def firewall_problem() -> str | None:
+    """Why the rules that keep a job's bridge apart cannot be made here, or None."""
+    return None if shutil.which("nft") else "nft (the Debian package nftables) is not installed"
+
+
+class NetworkMode(enum.Enum):
+    """How a job's hosts are networked on this machine."""
+
+    BRIDGE = "bridge"  # each host a namespace on the job's own bridge (HostNetwork)
+    LOOPBACK = "loopback"  # an isolated job: one namespace holding only lo (JobLoopback)
+    MACHINE = "machine"  # the machine's network, each host at a loopback address of its own
+
+
+def choose_network(
+    *,
+    runner: str,
+    tag: str | None,
+    isolated: bool,
+    netns: str | None,
+    firewall: str | None,
+    docker: bool,
+) -> tuple[NetworkMode, str | None]:
+    """The network a job's hosts get, and why it is not a bridge of their own (None when
+    it is, or when that needs no saying). ``tag`` is ``trainport:network``; ``netns`` and
+    ``firewall`` are :func:`netns_problem` and :func:`firewall_problem`; ``docker``: the
+    job's image runs in docker, which cannot join a namespace of trainport's."""
+    if runner == "ray":
+        return NetworkMode.MACHINE, None  # each host has a node and a network of its own
+    if tag == "namespaces":
+        return NetworkMode.BRIDGE, None
+    why = (
+        netns
+        or ("the job asked for it (trainport:network=loopback)" if tag == "loopback" else None)
+        or ("docker cannot join a network namespace of trainport's" if docker else None)
+        or firewall
+    )
+    if why is None:
+        return NetworkMode.BRIDGE, None
+    if isolated and netns is None:
+        # An isolated job's hosts still get a network that holds only them.
+        return NetworkMode.LOOPBACK, why
+    return NetworkMode.MACHINE, why
+
+
 @dataclass(frozen=True)
 class NamespaceHost:
     host: str
@@ -74,6 +139,34 @@ def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise SandboxError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+def _start(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(popen: subprocess.Popen[str], commands: str = "") -> tuple[int, str]:
+    """Feed ``commands`` to a started process and wait: (exit code, its stderr)."""
+    try:
+        _, err = popen.communicate(commands, timeout=30)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        _, err = popen.communicate()
+    return popen.returncode, err.strip()
+
+
+def _batch(argv: list[str], commands: list[str]) -> None:
+    """``commands`` run by one ``ip -batch``/``nft -f`` process (``argv``); an error naming
+    the command that failed if one did."""
+    code, err = _finish(_start(argv), "".join(f"{c}\n" for c in commands))
+    if code != 0:
+        raise SandboxError(f"{' '.join(argv)} failed: {err}")
 
 
 def _run_in(netns: str | None, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -93,6 +186,10 @@ def _tbf(dev: str, *, rate: str, netns: str | None = None) -> None:
         raise SandboxError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
 
 
+def _rps_mask(cpu: int) -> str:
+    return f"{1 << (cpu % (os.cpu_count() or 1)):x}"
+
+
 def keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> str | None:
     """Steer ``dev``'s received packets to CPU ``cpu`` (modulo the CPU count); why not, if
     it cannot."""
@@ -101,8 +198,14 @@ def keep_in_order(dev: str, cpu: int, *, netns: str | None = None) -> str | None
     # packets overtake each other (spurious fast retransmits, smaller windows: stalls in
     # collectives). Steering the device's receive work to one CPU (RPS) keeps every flow
     # in order, as a NIC's receive queue does. Kernels without RPS lack the file.
-    mask = f"{1 << (cpu % (os.cpu_count() or 1)):x}"
+    mask = _rps_mask(cpu)
     path = f"/sys/class/net/{dev}/queues/rx-0/rps_cpus"
+    if netns is None:
+        try:
+            Path(path).write_text(mask)
+        except OSError as exc:
+            return str(exc)
+        return None
     done = _run_in(netns, ["sh", "-c", f"echo {mask} > {path}"])
     return None if done.returncode == 0 else done.stderr.strip() or f"exit {done.returncode}"
 
@@ -127,24 +230,150 @@ def network_tag(job: str, supervisor_pid: int) -> str:
     return hashlib.sha256(f"{job}:{supervisor_pid}".encode()).hexdigest()[:6]
 
 
+# trainport's one nftables table. Each running job's bridge is an element of ``own``
+# (traffic between its own hosts: br_netfilter, where loaded, shows bridged packets to the
+# forward chain as going from the bridge to itself) and, unless the job is isolated, of
+# ``routed`` (forwarded out to the machine's other interfaces and masqueraded).
+TABLE = "inet trainport"
+_RULES = (
+    f"add table {TABLE}",
+    f"add set {TABLE} routed {{ type ifname; }}",
+    f"add set {TABLE} own {{ type ifname . ifname; }}",
+    f"add chain {TABLE} input {{ type filter hook input priority filter; policy accept; }}",
+    f"add chain {TABLE} forward {{ type filter hook forward priority filter; policy accept; }}",
+    f"add chain {TABLE} postrouting "
+    "{ type nat hook postrouting priority srcnat; policy accept; }",
+    # Written whole each time, in the same transaction as the job's elements: idempotent,
+    # and no moment without them for the jobs already running.
+    f"flush chain {TABLE} input",
+    f"flush chain {TABLE} forward",
+    f"flush chain {TABLE} postrouting",
+    # Nothing of the machine answers a job (its gateway address neither, where whatever
+    # listens on 0.0.0.0 would), bar replies to connections the machine opened.
+    f'add rule {TABLE} input iifname "tpb*" ct state established,related accept',
+    f'add rule {TABLE} input iifname "tpb*" drop',
+    f"add rule {TABLE} forward iifname . oifname @own accept",
+    f'add rule {TABLE} forward iifname "tpb*" oifname "tpb*" drop',
+    # A port the machine forwards elsewhere (DNAT) is one of the machine's services too.
+    f'add rule {TABLE} forward iifname "tpb*" ct status dnat drop',
+    f"add rule {TABLE} forward iifname @routed accept",
+    f'add rule {TABLE} forward oifname "tpb*" ct state established,related accept',
+    f'add rule {TABLE} forward iifname "tpb*" drop',
+    f'add rule {TABLE} forward oifname "tpb*" drop',
+    f'add rule {TABLE} postrouting iifname @routed oifname != "tpb*" masquerade',
+)
+
+
+def _elements(bridge: str) -> tuple[str, str]:
+    return (
+        f'element {TABLE} own {{ "{bridge}" . "{bridge}" }}',
+        f'element {TABLE} routed {{ "{bridge}" }}',
+    )
+
+
+def _remove(tag: str, namespaces: list[str]) -> None:
+    """Remove a job's namespaces, bridge and set elements; what is already gone is skipped."""
+    ip = _start(["ip", "-force", "-batch", "-"])
+    nft = _start(["nft", "-f", "-"]) if shutil.which("nft") else None
+    lines = [f"netns del {ns}" for ns in namespaces] + [f"link del tpb{tag}"]
+    _, err = _finish(ip, "".join(f"{line}\n" for line in lines))
+    if err:
+        log.debug("removing the network of %s: %s", tag, err)
+    if nft is not None:
+        # Adding an element that is there does nothing, so add-then-delete removes it
+        # whether or not it was there, in one transaction.
+        elements = _elements(f"tpb{tag}")
+        script = [f"add {e}" for e in elements] + [f"delete {e}" for e in elements]
+        code, err = _finish(nft, "".join(f"{line}\n" for line in script))
+        if code != 0:  # no table: no element to remove
+            log.debug("removing the firewall elements of %s: %s", tag, err)
+
+
 def remove_left(job: str, supervisor_pid: int) -> list[str]:
-    """Remove the namespaces and bridge that a dead supervisor of ``job`` made (it tears
-    them down itself when it ends); the names removed."""
-    if netns_problem():
+    """Remove the namespaces, bridge and firewall elements that a dead supervisor of
+    ``job`` made (it removes them itself when it ends); the names removed."""
+    if os.geteuid() != 0:
         return []
     tag = network_tag(job, supervisor_pid)
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     left = [line.split()[0] for line in listed.splitlines() if line.startswith(f"tp-{tag}-")]
-    for namespace in left:
-        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
     bridge = f"tpb{tag}"
-    if subprocess.run(["ip", "link", "del", bridge], capture_output=True).returncode == 0:
-        left.append(bridge)
-    return left
+    had_bridge = Path("/sys/class/net", bridge).exists()
+    if left or had_bridge:
+        _remove(tag, left)
+    return [*left, *([bridge] if had_bridge else [])]
+
+
+def _routed_prefixes() -> list[ipaddress.IPv4Network]:
+    """The IPv4 prefixes the machine has a route for, its default route aside."""
+    try:
+        rows = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return []
+    found = []
+    for row in rows:
+        fields = row.split()
+        if len(fields) < 8:
+            continue
+        # Addresses as the kernel holds them (network order), printed as native integers.
+        dest, mask = (socket.inet_ntoa(struct.pack("=I", int(f, 16))) for f in fields[1:8:6])
+        if mask != "0.0.0.0":
+            found.append(ipaddress.IPv4Network(f"{dest}/{mask}", strict=False))
+    return found
+
+
+def _free_subnet(digest: int) -> str:
+    """A 10.a.b.0/24 for a job's hosts that no route of the machine's overlaps (another
+    job's bridge, a network the machine is on), chosen from ``digest``."""
+    taken = _routed_prefixes()
+    first = None
+    for step in range(64):
+        prefix = f"10.{100 + (digest + step) % 150}.{((digest >> 8) + step) % 256}"
+        first = first or prefix
+        if not any(ipaddress.IPv4Network(f"{prefix}.0/24").overlaps(t) for t in taken):
+            return prefix
+    assert first is not None
+    return first
+
+
+def resolver_problem(resolv_conf: Path = Path("/etc/resolv.conf")) -> str | None:
+    """Why a job's hosts cannot use this machine's DNS resolver, if they cannot."""
+    try:
+        text = resolv_conf.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 2 or words[0] != "nameserver":
+            continue
+        try:
+            loopback = ipaddress.ip_address(words[1].split("%")[0]).is_loopback
+        except ValueError:
+            continue
+        if loopback:
+            return (
+                f"{resolv_conf} names the resolver {words[1]}, a loopback address of this "
+                "machine's that a job's hosts cannot reach, so names outside the job do not "
+                "resolve in it; name a resolver on the network there (systemd-resolved keeps "
+                "its upstream servers in /run/systemd/resolve/resolv.conf)"
+            )
+    return None
+
+
+# Each namespace's own settings (the shell prints the path of each it could not set).
+# Unprivileged ports from 0: the job runs as an unprivileged user, and binds low ports as
+# it could on SageMaker. TCP congestion control: see CONGESTION_CONTROL. RPS: see
+# keep_in_order.
+_INSIDE = (
+    'w() { { echo "$2" > "$1"; } 2> /dev/null || echo "$1" >&2; }; '
+    "w /proc/sys/net/ipv4/ip_unprivileged_port_start 0; "
+    "w /proc/sys/net/ipv4/tcp_congestion_control {cc}; "
+    "w /sys/class/net/eth0/queues/rx-0/rps_cpus {mask}"
+)
 
 
 class HostNetwork:
-    """Bridge, namespaces and veth pairs for one job's hosts."""
+    """Bridge, namespaces, veth pairs and firewall elements for one job's hosts."""
 
     def __init__(
         self,
@@ -154,13 +383,11 @@ class HostNetwork:
         *,
         isolated: bool = False,
     ) -> None:
-        problem = netns_problem()
-        if problem:
-            raise SandboxError(problem)
+        if os.geteuid() != 0:
+            raise SandboxError("network namespaces for hosts need root")
         tag = network_tag(job, os.getpid())
         self.bridge = f"tpb{tag}"
-        digest = int(tag, 16)
-        self.subnet = f"10.{100 + digest % 150}.{(digest >> 8) % 256}"
+        self.subnet = _free_subnet(int(tag, 16))
         self.hosts = {
             h: NamespaceHost(h, f"tp-{tag}-{k}", f"{self.subnet}.{k + 1}")
             for k, h in ((int(h.rsplit("-", 1)[1]), h) for h in hosts)
@@ -168,6 +395,7 @@ class HostNetwork:
         self.tag = tag
         self.bandwidth = bandwidth
         self.isolated = isolated
+        self._made = False
 
     def __enter__(self) -> HostNetwork:
         try:
@@ -181,65 +409,111 @@ class HostNetwork:
         self.teardown()
 
     def _setup(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        if self.isolated:
-            # No address of the machine's on the bridge: a host could otherwise reach every
-            # service that listens on all of the machine's addresses through it.
-            _ip("link", "set", self.bridge, "addrgenmode", "none")
-        else:
-            _ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
-        refused = None
+        routed = not self.isolated
+        firewall = firewall_problem()
+        if routed and firewall:
+            raise SandboxError(f"a job's hosts reach the outside through NAT, but {firewall}")
+        self._made = True
+        gateway = f"{self.subnet}.1"
+        # No IPv6 address of the machine's on the bridge or its ports, and for an isolated
+        # job no IPv4 one either: a host could reach the machine through it.
+        machine = [
+            f"link add {self.bridge} type bridge",
+            f"link set {self.bridge} addrgenmode none",
+        ]
+        if routed:
+            machine.append(f"addr add {gateway}/24 dev {self.bridge}")
+        machine.append(f"link set {self.bridge} up")
         for nh in self.hosts.values():
-            k = nh.namespace.rsplit("-", 1)[1]
-            outside = f"tpv{self.tag}{k}"
-            _ip("netns", "add", nh.namespace)
-            _ip(
-                "link",
-                "add",
-                outside,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                nh.namespace,
-            )
-            _ip("link", "set", outside, "master", self.bridge)
-            if self.isolated:
-                _ip("link", "set", outside, "addrgenmode", "none")
-            _ip("link", "set", outside, "up")
-            _ip("-n", nh.namespace, "addr", "add", f"{nh.address}/24", "dev", "eth0")
-            _ip("-n", nh.namespace, "link", "set", "eth0", "up")
-            _ip("-n", nh.namespace, "link", "set", "lo", "up")
-            refused = set_congestion_control(nh.namespace) or refused
-            for dev, inside in ((outside, None), ("eth0", nh.namespace)):
-                if problem := keep_in_order(dev, int(k), netns=inside):  # best effort
-                    log.debug("could not steer %s to one CPU: %s", dev, problem)
+            outside = self._outside(nh)
+            machine += [
+                f"netns add {nh.namespace}",
+                f"link add {outside} type veth peer name eth0 netns {nh.namespace}",
+                f"link set {outside} addrgenmode none master {self.bridge} up",
+            ]
+        _batch(["ip", "-batch", "-"], machine)
+        if routed:
+            _forward_ipv4()
+        running = []
+        for nh in self.hosts.values():
+            inside = ["link set lo up", f"addr add {nh.address}/24 dev eth0", "link set eth0 up"]
+            if routed:
+                inside.append(f"route add default via {gateway}")
+            k = int(nh.namespace.rsplit("-", 1)[1])
+            settings = _INSIDE.format(cc=CONGESTION_CONTROL, mask=_rps_mask(k))
+            running += [
+                (["ip", "-n", nh.namespace, "-batch", "-"], inside),
+                (["ip", "netns", "exec", nh.namespace, "sh", "-c", settings], []),
+            ]
+        if firewall is None:
+            elements = _elements(self.bridge)
+            mine = [f"add {elements[0]}", *([f"add {elements[1]}"] if routed else [])]
+            running.append((["nft", "-f", "-"], [*_RULES, *mine]))
+        started = [(argv, _start(argv), lines) for argv, lines in running]
+        refused: set[str] = set()
+        failed = []
+        for argv, popen, lines in started:
+            code, err = _finish(popen, "".join(f"{line}\n" for line in lines))
+            if argv[-2:] == ["-c", argv[-1]] and argv[-3] == "sh":
+                refused.update(err.split())  # best effort: the settings it could not make
+            elif code != 0:
+                failed.append(f"{' '.join(argv[:4])}: {err}")
+        if failed:
+            raise SandboxError("; ".join(failed))
+        for nh in self.hosts.values():
+            k = int(nh.namespace.rsplit("-", 1)[1])
+            if problem := keep_in_order(self._outside(nh), k):
+                log.debug("could not steer %s to one CPU: %s", self._outside(nh), problem)
             if self.bandwidth:
-                _tbf(outside, rate=self.bandwidth)  # traffic into the host
+                _tbf(self._outside(nh), rate=self.bandwidth)  # traffic into the host
                 _tbf("eth0", rate=self.bandwidth, netns=nh.namespace)  # traffic out of it
-        if refused:
+        self._say(refused)
+        log.info(
+            "hosts on bridge %s (%s.0/24, %s): %s",
+            self.bridge,
+            self.subnet,
+            "isolated" if self.isolated else f"NAT via {gateway}",
+            self.hosts,
+        )
+
+    def _outside(self, nh: NamespaceHost) -> str:
+        return f"tpv{self.tag}{nh.namespace.rsplit('-', 1)[1]}"
+
+    def _say(self, refused: set[str]) -> None:
+        if any(p.endswith("tcp_congestion_control") for p in refused):
             # A namespace may only choose an algorithm on the root's allowed list.
             log.warning(
-                "the hosts keep this machine's TCP congestion control, not %s (%s); to allow "
+                "the hosts keep this machine's TCP congestion control, not %s; to allow "
                 'it: sysctl -w net.ipv4.tcp_allowed_congestion_control="$(sysctl -n '
                 'net.ipv4.tcp_allowed_congestion_control) %s"',
                 CONGESTION_CONTROL,
-                refused,
                 CONGESTION_CONTROL,
             )
-        log.info("hosts on bridge %s (%s.0/24): %s", self.bridge, self.subnet, self.hosts)
+        if any(p.endswith("ip_unprivileged_port_start") for p in refused):
+            log.info("the hosts' ports below 1024 stay privileged (this kernel cannot say)")
+        if any(p.endswith("rps_cpus") for p in refused):
+            log.debug("could not steer the hosts' eth0 to one CPU each")
+        if not self.isolated and (problem := resolver_problem()):
+            log.warning("DNS in the job's hosts: %s", problem)
 
     def teardown(self) -> None:
-        for nh in self.hosts.values():
-            subprocess.run(["ip", "netns", "del", nh.namespace], capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        if not self._made:
+            return
+        self._made = False
+        _remove(self.tag, [nh.namespace for nh in self.hosts.values()])
 
     def wrap(self, host: str, argv: tuple[str, ...]) -> tuple[str, ...]:
         """``argv`` run inside ``host``'s namespace."""
         return ("ip", "netns", "exec", self.hosts[host].namespace, *argv)
+
+
+def _forward_ipv4() -> None:
+    """Turn on IPv4 forwarding, which NAT for the hosts needs (left on: other jobs, or
+    the machine's own containers, may need it too)."""
+    path = Path("/proc/sys/net/ipv4/ip_forward")
+    if path.read_text().strip() != "1":
+        path.write_text("1\n")
+        log.info("turned on IPv4 forwarding (net.ipv4.ip_forward=1) for the jobs' NAT")
 
 
 class JobLoopback:

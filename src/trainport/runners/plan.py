@@ -3,8 +3,12 @@
 A job's code is untrusted, so its sandbox is built from an allow-list, never by hiding a
 deny-list of trainport folders: a fresh root holds only
 
-- the system's read-only folders the training code needs (``/usr``, ``/etc``, the ``/lib*``
-  folders, part of ``/sys``), with the host's credential files in ``/etc`` masked;
+- the system's read-only folders the training code needs (``/usr``, the ``/lib*`` folders,
+  part of ``/sys``);
+- of ``/etc``, only an allow-list of what programs read (name resolution, TLS
+  certificates, the dynamic loader's cache, pip's and Open MPI's configuration, ...), each
+  entry read-only, plus ``passwd``, ``group`` and ``hostname`` written for the job: a key
+  or password file an operator keeps in ``/etc`` is never there;
 - the interpreter trainport runs script mode with (``sys.prefix`` and ``sys.base_prefix``),
   trainport's own package (the training-side libraries), and the cached requirements
   environment the job uses, each read-only and each exactly that folder;
@@ -18,10 +22,11 @@ Nothing inside a *private* folder (``TRAINPORT_HOME``: the store, the database, 
 every job) is ever mounted, nor a folder that holds one, except the named entries of a
 *shared* folder under it (the requirements cache).
 
-The job runs in its own user, mount, PID and IPC namespaces as uid 0 of its user namespace
-(the real uid outside, so the platform reads what it writes), with no capabilities and
-no_new_privs: it cannot mount, unmount or trace anything outside, and unmounting what it can
-reveals only the empty root beneath.
+The job runs in its own user, mount, PID, IPC and UTS namespaces (its hostname is its host
+name) as uid 0 of its user namespace, with no capabilities and no_new_privs. That uid 0 is
+not the machine's root: outside it is the job's own unprivileged identity (a uid of a range
+kept for jobs when trainport runs as root, the invoking user otherwise), so kernel
+settings, mounts and setuid bits give it nothing on the machine.
 
 :func:`plan_sandbox` is a pure function of the placement and a :class:`HostView` (the facts
 about this machine it needs, gathered once by :meth:`HostView.probe`); the command line
@@ -55,23 +60,56 @@ SYSTEM_DIRS = (
     "/lib32",
     "/lib64",
     "/libx32",
-    "/etc",
     "/sys/devices",
     "/sys/bus",
     "/sys/class",
     "/sys/dev",
 )
-# The host's secrets in /etc: readable by the job's uid 0, which is root's own uid when
-# trainport runs as root, so they are covered even though the rest of /etc is needed.
-MASKED_FILES = (
-    "/etc/shadow",
-    "/etc/shadow-",
-    "/etc/gshadow",
-    "/etc/gshadow-",
-    "/etc/sudoers",
-    "/etc/ssh",
-    "/etc/trainport",
+# What of /etc programs read: name resolution, TLS roots, the loader, locale and time zone,
+# the links of update-alternatives (/usr/bin/* often point there), pip's and Open MPI's
+# configuration, shells' start files. An allow-list: whatever else an operator keeps in
+# /etc (keys, tokens, shadow files) stays outside.
+ETC_ENTRIES = (
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "environment",
+    "ethertypes",
+    "fonts",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "issue",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "networks",
+    "nsswitch.conf",
+    "openmpi",
+    "os-release",
+    "pip.conf",
+    "profile",
+    "protocols",
+    "python3",
+    "python3.11",
+    "resolv.conf",
+    "rpc",
+    "services",
+    "ssl",
+    "terminfo",
+    "timezone",
+    "xdg",
 )
+# /etc files written for the job: its own identity's entries, nothing of the machine's.
+PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+GROUP = "root:x:0:\nnogroup:x:65534:\n"
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 DEV_LINKS = (
     ("fd", "/proc/self/fd"),
@@ -92,6 +130,7 @@ class MountKind(StrEnum):
     TMPFS = "tmpfs"  # an empty private folder; source is its mode
     PROC = "proc"  # the PID namespace's own /proc
     MASK = "mask"  # hides a host file or folder that an earlier mount brought in
+    FILE = "file"  # a file written for the job (source is its text), read-only inside
 
 
 @dataclass(frozen=True)
@@ -109,7 +148,8 @@ class SandboxPlan:
     argv: tuple[str, ...]
     cwd: str
     env: dict[str, str]
-    namespaces: tuple[str, ...] = ("user", "mount", "pid", "ipc")
+    hostname: str = ""
+    namespaces: tuple[str, ...] = ("user", "mount", "pid", "ipc", "uts")
     uid: int = 0  # inside the user namespace; the real uid outside
     capabilities: tuple[str, ...] = ()
     no_new_privs: bool = True
@@ -130,7 +170,7 @@ class HostView:
 
     # System folders that exist: path -> symlink text, or "" for a real folder.
     system: dict[str, str]
-    masked: tuple[str, ...]  # MASKED_FILES that exist (folders end with "/")
+    etc: tuple[str, ...]  # the ETC_ENTRIES that exist, as paths
     gpu_devices: tuple[str, ...]
     interpreter: tuple[str, ...]  # sys.prefix, sys.base_prefix (resolved), deduplicated
     package: str  # the folder of the trainport package the job may import
@@ -145,9 +185,7 @@ class HostView:
                 system[path] = os.readlink(path)
             elif os.path.isdir(path):
                 system[path] = ""
-        masked = tuple(
-            p + "/" if os.path.isdir(p) else p for p in MASKED_FILES if os.path.lexists(p)
-        )
+        etc = tuple(f"/etc/{e}" for e in ETC_ENTRIES if os.path.exists(f"/etc/{e}"))
         gpus = sorted({p for pat in GPU_DEVICE_PATTERNS for p in glob.glob(pat)})
         prefixes = []
         for prefix in (sys.prefix, sys.base_prefix):
@@ -161,7 +199,7 @@ class HostView:
         named = list(request_paths(placement))
         existing = frozenset(p for p in named if os.path.exists(p))
         folders = frozenset(p for p in existing if os.path.isdir(p))
-        return cls(system, masked, tuple(gpus), tuple(prefixes), package, existing, folders)
+        return cls(system, etc, tuple(gpus), tuple(prefixes), package, existing, folders)
 
 
 def request_paths(placement: Placement) -> Iterable[str]:
@@ -219,8 +257,15 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
         else:
             mounts.append(Mount(MountKind.RO_BIND, path, path))
             mounted.append(path)
-    for masked in host.masked:
-        mounts.append(Mount(MountKind.MASK, masked.rstrip("/"), "dir" if masked[-1] == "/" else ""))
+    for entry in host.etc:
+        mounts.append(Mount(MountKind.RO_BIND, entry, entry))
+        mounted.append(entry)
+    hostname = _hostname(placement)
+    mounts += [
+        Mount(MountKind.FILE, "/etc/passwd", PASSWD),
+        Mount(MountKind.FILE, "/etc/group", GROUP),
+        Mount(MountKind.FILE, "/etc/hostname", f"{hostname}\n"),
+    ]
     home = _private_home(placement.env.get("HOME", ""), host)
     if home:
         # Tools write to ~ (caches, configs): as in a container, the job's home is its own,
@@ -259,8 +304,15 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
         argv=placement.argv,
         cwd=placement.cwd,
         env=placement.env,
+        hostname=hostname,
         refused=tuple(refused),
     )
+
+
+def _hostname(placement: Placement) -> str:
+    """The host's own name (algo-k), as SageMaker's containers answer gethostname()."""
+    name = placement.root.name
+    return name if name in placement.hosts or not placement.hosts else placement.hosts[0]
 
 
 def _private_home(home: str, host: HostView) -> str:

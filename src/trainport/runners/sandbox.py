@@ -1,86 +1,160 @@
-"""The sandbox runner: carries out a :class:`~trainport.runners.plan.SandboxPlan`.
+"""The sandbox runner: carries out a :class:`~trainport.runners.plan.SandboxPlan` in an
+established runtime.
 
-What the job sees is decided in :mod:`trainport.runners.plan`; this module only turns the
-plan into a command line. Two ways:
+What the job sees is decided in :mod:`trainport.runners.plan`; this module turns the plan
+into a runtime's input and starts it. Two ways:
 
-- bubblewrap (``bwrap``), root or not: the plan's mounts map one to one onto its options.
-  With ``--new-session`` the training command leads its own process group beneath bwrap's
-  PID-1 helper; we read that helper's pid from ``--json-status-fd`` and signal its group,
-  never bwrap itself (bwrap would die and leave the job running unwatched);
-- as root, ``unshare`` (user, mount, PID and IPC namespaces) runs :mod:`.enter`, which
-  builds the root from the plan, pivots into it, and starts the command under ``setpriv``
-  with no capabilities and no_new_privs. It stays as the namespace's PID 1 and exits with
-  the command's status; a stop reaches the command directly, in the same process group.
-  ``unshare`` survives SIGTERM while its child runs and passes that status on.
+- as root, **runc** with a generated OCI bundle (:mod:`trainport.runners.oci`): uid 0
+  inside is one unprivileged uid of the range kept for jobs outside, the host's tree
+  belongs to that uid (0700), the instance type's memory, CPUs and processes are enforced
+  by cgroups, a seccomp filter and masked ``/proc`` paths apply, and the host joins its
+  job's network namespace. ``tini`` is the namespace's init; its process group is the one
+  the agent signals (SIGTERM is passed on to the command's group, SIGKILL ends the whole
+  PID namespace).
+- not as root, **bubblewrap** (``bwrap``) run as the invoking user: uid 0 inside is that
+  user outside, so the job has no more than the person who started trainport. Without
+  root there are no cgroups to enforce limits with and no network namespaces to give a
+  job; both are said at the job's start.
 
-``TRAINPORT_SANDBOX=unshare|bwrap`` forces one way.
+Whatever a request names reaches only the inside: the runtimes are found on a fixed PATH,
+run with a fixed environment, argv and working folder; the job's environment is given to
+the runtime as data (OCI ``process.env``, bwrap's ``--clearenv --setenv``).
+
+``TRAINPORT_SANDBOX=runc|bwrap`` forces one way (bwrap is refused as root, where it would
+make the job's root the machine's root).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import itertools
 import json
 import logging
 import os
 import shutil
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 from trainport.errors import SandboxError
 from trainport.runners.api import HostProcess, Placement, Runner
+from trainport.runners.limits import Limits, job_uid, memory_outcome
+from trainport.runners.oci import oci_config
 from trainport.runners.plan import OPT_ML, HostView, MountKind, SandboxPlan, plan_sandbox
 
-__all__ = ["SandboxRunner", "bwrap_options", "sandbox_problem", "unshare_argv", "unshare_plan"]
+__all__ = [
+    "LAUNCHER_ENV",
+    "SandboxRunner",
+    "bwrap_options",
+    "give_tree",
+    "sandbox_problem",
+]
 
 log = logging.getLogger(__name__)
 
-# The unshare way's PID 1, run by path so that it imports nothing of trainport.
-ENTER = Path(__file__).with_name("enter.py")
+# The environment and PATH of every process trainport starts outside a sandbox: fixed,
+# never the request's nor the caller's.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCHER_ENV = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
+# runc's state for trainport's containers, apart from any other runc user's (podman).
+RUNC_STATE = "/run/trainport-runc"
+_SEQUENCE = itertools.count()
+
+
+def system_tool(name: str) -> str | None:
+    """``name`` found on the fixed system PATH, never on a caller's."""
+    return shutil.which(name, path=SYSTEM_PATH)
 
 
 def _way() -> str:
     forced = os.environ.get("TRAINPORT_SANDBOX", "").lower()
-    if forced in ("unshare", "bwrap"):
+    if forced in ("runc", "bwrap"):
         return forced
-    return "unshare" if os.geteuid() == 0 and shutil.which("unshare") else "bwrap"
+    return "runc" if os.geteuid() == 0 else "bwrap"
 
 
 @functools.cache
 def _probe(way: str) -> str | None:
-    """None if ``way`` can make the sandbox's namespaces here, else why not."""
+    """None if ``way`` can make a sandbox here, else why not."""
     if way == "bwrap":
-        if not shutil.which("bwrap"):
+        if os.geteuid() == 0:
+            return (
+                "bubblewrap run by root would make the job's root the machine's root; as root "
+                "the sandbox runs in runc"
+            )
+        bwrap = system_tool("bwrap")
+        if not bwrap:
             return "bubblewrap (bwrap) is not installed"
-        argv = ["bwrap", "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"]
+        argv = [bwrap, "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"]
     else:
         if os.geteuid() != 0:
-            return "namespaces without bubblewrap need root"
-        if not shutil.which("setpriv"):
-            return "setpriv (util-linux) is not installed"
-        argv = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "true"]
+            return "runc needs root; without it the sandbox is bubblewrap"
+        missing = [t for t in ("runc", "tini") if not system_tool(t)]
+        if missing:
+            return f"{' and '.join(missing)} not installed (apt-get install runc tini)"
+        return _probe_runc()
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=10)
+        done = subprocess.run(argv, capture_output=True, timeout=10, env=LAUNCHER_ENV)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{argv[0]} failed: {exc}"
     if done.returncode != 0:
-        return (
-            f"{argv[0]} cannot create a namespace: {done.stderr.decode(errors='replace').strip()}"
-        )
+        return f"{argv[0]} cannot create a namespace: {done.stderr.decode(errors='replace').strip()}"
     return None
+
+
+def _probe_runc() -> str | None:
+    """Run ``true`` in a minimal container of the kind jobs get (user namespace included)."""
+    import tempfile
+
+    from trainport.runners.plan import Mount
+
+    with tempfile.TemporaryDirectory(prefix="trainport-probe-") as tmp:
+        root = Path(tmp) / "hosts" / "algo-1"
+        root.mkdir(parents=True)
+        mounts = [Mount(MountKind.RO_BIND, "/usr", "/usr"), Mount(MountKind.PROC, "/proc")]
+        mounts.append(Mount(MountKind.TMPFS, "/dev", "0755"))
+        mounts += [Mount(MountKind.SYMLINK, p, f"usr{p}") for p in ("/bin", "/lib", "/lib64")]
+        plan = SandboxPlan(mounts=tuple(mounts), argv=("/usr/bin/true",), cwd="/", env={})
+        try:
+            process = _RuncStart(plan, root, None, None).start()
+            code = process.wait(timeout=30)
+            out = process.stdout.read().decode(errors="replace").strip()
+        except (OSError, SandboxError, subprocess.TimeoutExpired) as exc:
+            return f"runc cannot start a container here: {exc}"
+    return None if code == 0 else f"runc cannot start a container here: {out or code}"
 
 
 def sandbox_problem() -> str | None:
     return _probe(_way())
 
 
-def bwrap_options(plan: SandboxPlan, status_fd: int) -> list[str]:
+def give_tree(root: Path, uid: int) -> None:
+    """Make the host's tree ``uid``'s, private to it (0700), never following a link and
+    never entering another file system (a FastFile mount)."""
+    device = os.lstat(root).st_dev
+    os.chown(root, uid, uid, follow_symlinks=False)
+    os.chmod(root, 0o700)
+    for folder, dirs, files in os.walk(root):
+        for name in list(dirs):
+            path = os.path.join(folder, name)
+            if os.lstat(path).st_dev != device:
+                dirs.remove(name)  # a mount point: its file system answers for itself
+                continue
+            os.chown(path, uid, uid, follow_symlinks=False)
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+
+
+def bwrap_options(plan: SandboxPlan, status_fd: int, files: dict[str, str]) -> list[str]:
     """bubblewrap's options for ``plan`` (given through ``--args``: bwrap's PID-1 helper
     keeps its command line, which every process in the sandbox can read)."""
     argv = ["--unshare-user", "--uid", str(plan.uid), "--gid", str(plan.uid)]
-    argv += ["--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL"]
-    for cap in plan.capabilities:
-        argv += ["--cap-add", cap]
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--cap-drop", "ALL"]
+    if plan.hostname:
+        argv += ["--hostname", plan.hostname]
     for m in plan.mounts:
         if m.kind is MountKind.RO_BIND:
             argv += ["--ro-bind", m.source, m.target]
@@ -94,26 +168,17 @@ def bwrap_options(plan: SandboxPlan, status_fd: int) -> list[str]:
             argv += ["--perms", m.source, "--tmpfs", m.target]
         elif m.kind is MountKind.PROC:
             argv += ["--proc", m.target]
+        elif m.kind is MountKind.FILE:
+            argv += ["--ro-bind", files[m.target], m.target]
         elif m.source == "dir":  # MASK
             argv += ["--tmpfs", m.target, "--remount-ro", m.target]
         else:
             argv += ["--ro-bind", "/dev/null", m.target]
-    argv += ["--remount-ro", "/", "--chdir", plan.cwd, "--new-session"]
+    argv += ["--remount-ro", "/", "--chdir", plan.cwd, "--new-session", "--clearenv"]
+    for key, value in plan.env.items():
+        argv += ["--setenv", key, value]
     argv += ["--json-status-fd", str(status_fd)]
     return argv
-
-
-def unshare_plan(plan: SandboxPlan, new_root: Path) -> str:
-    """What the ``unshare`` way's PID 1 reads on standard input (see :mod:`.enter`)."""
-    mounts = [[m.kind.value, m.target, m.source] for m in plan.mounts]
-    return json.dumps({"root": str(new_root), "mounts": mounts})
-
-
-def unshare_argv(plan: SandboxPlan) -> list[str]:
-    """The ``unshare`` command line for ``plan``; its mounts come on standard input."""
-    argv = ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"]
-    argv += ["--pid", "--fork", "--kill-child", "--ipc", "--"]
-    return [*argv, sys.executable, "-I", "-S", str(ENTER), plan.cwd, *plan.argv]
 
 
 def _memfd(name: str, data: bytes) -> int:
@@ -122,6 +187,150 @@ def _memfd(name: str, data: bytes) -> int:
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def _write_files(plan: SandboxPlan, folder: Path) -> dict[str, str]:
+    """The plan's generated files, written under ``folder``: target -> host path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for m in plan.mounts:
+        if m.kind is MountKind.FILE:
+            path = folder / m.target.strip("/").replace("/", "_")
+            path.write_text(m.source)
+            path.chmod(0o644)
+            written[m.target] = str(path)
+    return written
+
+
+class RuncProcess(HostProcess):
+    """A job host in a runc container: ``popen`` is ``runc run``, the process group is
+    tini's. Its end reads the memory limit's verdict, then removes the container."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        init_pid: int,
+        container: str,
+        bundle: Path,
+        limits: Limits | None,
+    ) -> None:
+        super().__init__(popen, init_pid)
+        self.container = container
+        self.bundle = bundle
+        self.limits = limits
+        self._ended = False
+        self._limit_reason: str | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = super().wait(timeout)
+        self._finish()
+        return code
+
+    def limit_reason(self) -> str | None:
+        return self._limit_reason
+
+    def _finish(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self.limits is not None:
+            self._limit_reason = memory_outcome(_cgroup(self.container), self.limits)
+        _delete_container(self.container)
+        shutil.rmtree(self.bundle, ignore_errors=True)
+
+
+def _cgroup(container: str) -> str:
+    return f"/trainport/{container}"
+
+
+def _delete_container(container: str) -> None:
+    runc = system_tool("runc") or "runc"
+    subprocess.run(
+        [runc, "--root", RUNC_STATE, "delete", "--force", container],
+        capture_output=True,
+        env=LAUNCHER_ENV,
+        timeout=60,
+    )
+
+
+class _RuncStart:
+    """One container's bundle and start (the edge of :func:`oci_config`)."""
+
+    def __init__(
+        self, plan: SandboxPlan, root: Path, limits: Limits | None, netns: str | None
+    ) -> None:
+        self.plan = plan
+        self.root = root
+        self.limits = limits
+        self.netns = netns
+        tag = hashlib.sha256(str(root).encode()).hexdigest()[:10]
+        self.container = f"tp-{tag}-{os.getpid()}-{next(_SEQUENCE)}"
+        # Outside the job's tree and TRAINPORT_HOME: runc mounts the root from inside the
+        # user namespace, as the job's uid, which must be able to reach it.
+        self.bundle = Path(RUNC_STATE) / "bundles" / self.container
+
+    def start(self) -> RuncProcess:
+        uid = job_uid(self.root)
+        give_tree(self.root, uid)
+        shutil.rmtree(self.bundle, ignore_errors=True)
+        for folder in (Path(RUNC_STATE), self.bundle.parent, self.bundle):
+            folder.mkdir(exist_ok=True)
+            folder.chmod(0o711)
+        rootfs = self.bundle / "rootfs"
+        rootfs.mkdir()
+        for m in self.plan.mounts:  # runc makes /dev's own links
+            if m.kind is MountKind.SYMLINK and not m.target.startswith("/dev/"):
+                link = rootfs / m.target.lstrip("/")
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(m.source)
+        # runc, inside the user namespace, makes the mount points: the root is the job's.
+        os.chown(rootfs, uid, uid)
+        files = _write_files(self.plan, self.bundle / "files")
+        init = system_tool("tini") or "/usr/bin/tini"
+        netns_path = f"/run/netns/{self.netns}" if self.netns else None
+        config = oci_config(
+            self.plan,
+            uid=uid,
+            init=init,
+            files=files,
+            cgroup=_cgroup(self.container),
+            limits=self.limits,
+            netns_path=netns_path,
+        )
+        (self.bundle / "config.json").write_text(json.dumps(config))
+        pid_file = self.bundle / "init.pid"
+        runc = system_tool("runc") or "runc"
+        argv = [runc, "--root", RUNC_STATE, "run", "--keep", "--bundle", str(self.bundle)]
+        argv += ["--pid-file", str(pid_file), self.container]
+        popen = subprocess.Popen(
+            argv,
+            env=LAUNCHER_ENV,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        init_pid = self._init_pid(popen, pid_file)
+        return RuncProcess(popen, init_pid, self.container, self.bundle, self.limits)
+
+    def _init_pid(self, popen: subprocess.Popen[bytes], pid_file: Path) -> int:
+        deadline = time.monotonic() + 60
+        delay = 0.001
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                return int(pid_file.read_text())
+            if popen.poll() is not None:
+                break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        else:
+            popen.kill()
+        popen.wait()
+        out = popen.stdout.read().decode(errors="replace").strip() if popen.stdout else ""
+        _delete_container(self.container)
+        shutil.rmtree(self.bundle, ignore_errors=True)
+        raise SandboxError(f"runc did not start the job: {out or f'exit {popen.returncode}'}")
 
 
 class SandboxRunner(Runner):
@@ -139,31 +348,40 @@ class SandboxRunner(Runner):
             log.warning("not shown in the sandbox: %s", why)
         return plan
 
+    def notes(self, placement: Placement) -> list[str]:
+        """What this way does not enforce for ``placement``, to tell the user."""
+        if self.way == "runc" or placement.limits is None:
+            return []
+        return [
+            f"the instance type's limits ({placement.limits.describe()}) are not enforced: "
+            "cgroups need root"
+        ]
+
     def start(self, placement: Placement) -> HostProcess:
         plan = self.plan(placement)
-        if self.way == "unshare":
-            return self._start_unshare(plan, placement)
+        if self.way == "runc":
+            return _RuncStart(plan, placement.root, placement.limits, placement.netns).start()
+        if self.way == "bwrap" and os.geteuid() == 0:
+            raise SandboxError(_probe("bwrap") or "bubblewrap cannot run as root")
         return self._start_bwrap(plan, placement)
 
-    def _start_unshare(self, plan: SandboxPlan, placement: Placement) -> HostProcess:
-        # The new root is mounted over a folder beside the host's tree, in the sandbox's
-        # own mount namespace: nothing appears there outside.
-        new_root = placement.root.parent / f".{placement.root.name}.root"
-        new_root.mkdir(exist_ok=True)
-        plan_fd = _memfd("trainport-sandbox-plan", unshare_plan(plan, new_root).encode())
-        try:
-            popen = self._popen(unshare_argv(plan), placement, cwd="/", stdin=plan_fd)
-        finally:
-            os.close(plan_fd)
-        return HostProcess(popen, popen.pid)
-
     def _start_bwrap(self, plan: SandboxPlan, placement: Placement) -> HostProcess:
+        files = _write_files(plan, placement.root.parent / f".{placement.root.name}.etc")
         read_fd, write_fd = os.pipe()
-        options = "".join(o + "\0" for o in bwrap_options(plan, write_fd))
+        options = "".join(o + "\0" for o in bwrap_options(plan, write_fd, files))
         args_fd = _memfd("trainport-sandbox-args", options.encode())
-        argv = ["bwrap", "--args", str(args_fd), "--", *plan.argv]
+        argv = [system_tool("bwrap") or "bwrap", "--args", str(args_fd), "--", *plan.argv]
         try:
-            popen = self._popen(argv, placement, cwd="/", pass_fds=(write_fd, args_fd))
+            popen = subprocess.Popen(
+                argv,
+                env=LAUNCHER_ENV,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(write_fd, args_fd),
+            )
         finally:
             os.close(write_fd)
             os.close(args_fd)
