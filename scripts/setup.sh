@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 extras="torch"
 [ "${1:-}" = "--test" ] && extras="torch,test"
 
-# System packages: bubblewrap for the sandbox runner (as root trainport can also use plain
-# mount namespaces), FUSE for FastFile mode, Chromium for the dashboard tests.
-apt_packages="bubblewrap"
+# System packages: the sandbox runner's runtimes, runc with tini as its init (as root) and
+# bubblewrap (as a normal user).
+apt_packages="bubblewrap runc tini"
 # The tests also need: FUSE (FastFile mode), Chromium (the dashboard, driven by playwright),
 # OpenMPI (MPI jobs; its compiler wrappers and cmake build Horovod, see below).
 [ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium openmpi-bin libopenmpi-dev cmake g++"

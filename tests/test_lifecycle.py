@@ -53,12 +53,14 @@ def byoc_job(name: str, **hps: str) -> dict[str, object]:
 
 
 @pytest.mark.usefixtures("sandbox")
-@pytest.mark.parametrize("way", ["unshare", "bwrap"])
+@pytest.mark.parametrize("way", ["runc", "bwrap"])
 def test_two_concurrent_byoc_jobs_each_see_only_their_own_opt_ml(
     home: Path, service: JobService, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if way == "unshare":
-        require(os.geteuid() == 0, "mount namespaces without bubblewrap need root")
+    if way == "runc":
+        require(os.geteuid() == 0, "runc needs root")
+    elif os.geteuid() == 0:
+        pytest.skip("as root the sandbox is runc; bubblewrap is the way for a non-root user")
     monkeypatch.setenv("TRAINPORT_SANDBOX", way)
     put(home, "data", "job-a/one.txt", "aaaa")
     put(home, "data", "job-a/deep/two.txt", "aa")
