@@ -13,17 +13,24 @@ region then come from the usual AWS configuration chain.
 
 ``TRAINPORT_RUNNER=ray`` places a job's hosts on the nodes of the Ray cluster that
 ``RAY_ADDRESS`` names (``ray.init``'s own default when unset).
+
+A job gets none of these variables (see :mod:`trainport.host.jobenv`). Jobs that must reach
+a store get credentials as SageMaker gives a role's: the operator maps each ``RoleArn`` to
+credentials in a JSON file, ``TRAINPORT_ROLE_CREDENTIALS`` or else
+``$TRAINPORT_HOME/roles.json`` (see :func:`load_role_credentials`).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainport.errors import ValidationError
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["RoleCredentials", "Settings", "load_role_credentials", "load_settings"]
 
 DEFAULT_STOP_GRACE_SECONDS = 120.0
 DEFAULT_CHECKPOINT_SYNC_SECONDS = 30.0
@@ -31,6 +38,26 @@ DEFAULT_MAX_SOURCEDIR_MB = 512
 # Where a job's hosts run and what contains them; "ray" places them on a Ray cluster's
 # nodes, where each is contained as "auto" would on that node.
 RUNNERS = ("auto", "sandbox", "process", "ray")
+ROLE_CREDENTIALS_FILE = "roles.json"  # under TRAINPORT_HOME, unless the variable names one
+_ROLE_FIELDS = {
+    "AccessKeyId": "AWS_ACCESS_KEY_ID",
+    "SecretAccessKey": "AWS_SECRET_ACCESS_KEY",
+    "SessionToken": "AWS_SESSION_TOKEN",
+    "EndpointUrl": "AWS_ENDPOINT_URL",
+    "Region": "AWS_DEFAULT_REGION",
+}
+_ROLE_REQUIRED = ("AccessKeyId", "SecretAccessKey")
+
+
+@dataclass(frozen=True)
+class RoleCredentials:
+    """What the jobs of one role get, as SageMaker hands a role's credentials to its jobs:
+    the variables of the AWS configuration chain, by the names boto3 reads."""
+
+    variables: tuple[tuple[str, str], ...] = field(repr=False)  # never in a log line
+
+    def environment(self) -> dict[str, str]:
+        return dict(self.variables)
 
 
 @dataclass(frozen=True)
@@ -75,6 +102,12 @@ class Settings:
     # The embedded store's folder when it is not under ``home``: a host agent on a Ray
     # node keeps its work under a home of its own but reads the submitter's store.
     store_dir: Path | None = None
+    # RoleArn -> the credentials its jobs get (TRAINPORT_ROLE_CREDENTIALS, or roles.json
+    # under home); a role not listed gets none.
+    role_credentials: tuple[tuple[str, RoleCredentials], ...] = ()
+
+    def credentials_for(self, role_arn: str | None) -> RoleCredentials | None:
+        return dict(self.role_credentials).get(role_arn or "")
 
     @property
     def store_root(self) -> Path:
@@ -170,7 +203,62 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         ),
         ray_address=env.get("RAY_ADDRESS") or None,
         ray_instance_types=_instance_types(env.get("TRAINPORT_RAY_INSTANCE_TYPES") or ""),
+        role_credentials=load_role_credentials(env, home),
     )
+
+
+def load_role_credentials(
+    env: dict[str, str], home: Path
+) -> tuple[tuple[str, RoleCredentials], ...]:
+    """The operator's map of role ARNs to credentials, read from the JSON file that
+    ``TRAINPORT_ROLE_CREDENTIALS`` names, else ``home/roles.json`` if it exists::
+
+        {"arn:aws:iam::111122223333:role/trainer": {
+            "AccessKeyId": "...", "SecretAccessKey": "...",
+            "SessionToken": "...", "EndpointUrl": "http://127.0.0.1:9000", "Region": "us-east-1"}}
+
+    SessionToken, EndpointUrl and Region are optional. Anything malformed is an error that
+    names the file and what is wrong with it."""
+    named = env.get("TRAINPORT_ROLE_CREDENTIALS") or ""
+    path = Path(named).expanduser() if named else home / ROLE_CREDENTIALS_FILE
+    if not named and not path.exists():
+        return ()
+    where = f"role credentials file {path}" + (" (TRAINPORT_ROLE_CREDENTIALS)" if named else "")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValidationError(f"{where}: cannot read it: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise ValidationError(f"{where}: not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValidationError(f"{where}: must be a JSON object mapping role ARNs to credentials")
+    return tuple((arn, _role(where, arn, entry)) for arn, entry in doc.items())
+
+
+def _role(where: str, arn: str, entry: Any) -> RoleCredentials:
+    if not arn.startswith("arn:") or ":role/" not in arn:
+        raise ValidationError(
+            f"{where}: {arn!r} is not a role ARN (arn:aws:iam::ACCOUNT:role/NAME)"
+        )
+    if not isinstance(entry, dict):
+        raise ValidationError(
+            f"{where}: {arn}: must be an object with AccessKeyId and SecretAccessKey"
+        )
+    unknown = sorted(set(entry) - set(_ROLE_FIELDS))
+    if unknown:
+        raise ValidationError(
+            f"{where}: {arn}: unknown field(s) {', '.join(unknown)}; use " + ", ".join(_ROLE_FIELDS)
+        )
+    missing = [k for k in _ROLE_REQUIRED if k not in entry]
+    if missing:
+        raise ValidationError(f"{where}: {arn}: {' and '.join(missing)} missing")
+    for key, value in entry.items():
+        if not isinstance(value, str) or not value or "\n" in value or "\0" in value:
+            raise ValidationError(f"{where}: {arn}: {key} must be a non-empty one-line string")
+    url = entry.get("EndpointUrl", "http://")
+    if not url.startswith(("http://", "https://")):
+        raise ValidationError(f"{where}: {arn}: EndpointUrl {url!r} must start with http(s)://")
+    return RoleCredentials(tuple((_ROLE_FIELDS[k], v) for k, v in entry.items()))
 
 
 def _instance_types(raw: str) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainport.errors import ValidationError
+from trainport.host.jobenv import SYSTEM_PATH
 from trainport.runners.container import (
     LABEL_JOB,
     LABEL_JOB_DIR,
@@ -106,10 +108,12 @@ def check_runnable(spec: JobSpec) -> str:
         mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
     if spec.entrypoint:
         exe = spec.entrypoint[0]
-        if "/" not in exe and shutil.which(exe) is None:
+        # Found as the job will find it: on its own PATH, not this process's.
+        job_path = spec.environment.get("PATH", SYSTEM_PATH)
+        if "/" not in exe and shutil.which(exe, path=job_path) is None:
             raise ValidationError(
-                f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} is not on PATH; give its "
-                "full path or install it"
+                f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} is not on the job's PATH "
+                f"({job_path}); give its full path or install it"
             )
         if exe.startswith("/") and not exe.startswith("/opt/ml/") and not os.access(exe, os.X_OK):
             raise ValidationError(
@@ -171,9 +175,11 @@ def container_command(
     gpu_devices: tuple[str, ...],
     job_dir: Path | None = None,
     mount_code: bool = False,
+    credentials: Mapping[str, str] | None = None,
 ) -> Command:
     """The command of a job whose image runs in ``engine``: its environment is the
-    request's and the contract's only, never the machine's (the image has its own PATH).
+    request's and the contract's only, never the machine's (the image has its own PATH),
+    and ``credentials``, its role's (see host.jobenv.role_environment).
     The engine exposes only this host's GPUs, numbered from 0 inside, so
     CUDA_VISIBLE_DEVICES is left to the request."""
     env = {
@@ -187,6 +193,7 @@ def container_command(
         name=safe_name(spec.name, host),
         host=host,
         env=env,
+        secret_env=dict(credentials or {}),
         entrypoint=spec.entrypoint,
         arguments=spec.arguments,
         gpu_devices=gpu_devices,
