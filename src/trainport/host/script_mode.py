@@ -313,7 +313,11 @@ if site.ENABLE_USER_SITE:
 print(json.dumps({"executable": sys.executable, "version": sys.version,
                   "site": [d for d in dirs if os.path.isdir(d)]}))
 """
-_PTH_NAME = "_trainport_base.pth"
+
+
+#: Runs an environment build's command line (see :mod:`trainport.host.envbuild`), which
+#: writes only the folder given, from the code folder; raises ValidationError if it fails.
+EnvBuilder = Callable[[list[str], Path], None]
 
 
 def prepare_python(
@@ -322,6 +326,7 @@ def prepare_python(
     *,
     base_python: str = sys.executable,
     log: Callable[[str], None],
+    build: EnvBuilder | None = None,
 ) -> str:
     """The interpreter to run the user's code with.
 
@@ -332,6 +337,9 @@ def prepare_python(
     when the base is itself a venv) stays importable through a ``.pth`` file. pip's output
     goes line by line to ``log``. Builds happen in a temporary folder renamed into place under
     a lock file, so concurrent callers build once and a crash leaves no half-built cache.
+
+    The build runs the request's code (setup.py of a local package, say): ``build`` runs
+    it where the job runs, in its confinement; without one it runs here, as the caller.
     """
     requirements = Path(code_dir) / "requirements.txt"
     if not requirements.is_file():
@@ -351,10 +359,18 @@ def prepare_python(
         for stale in envs.glob(f"{digest}.tmp-*"):  # left by a builder that crashed
             shutil.rmtree(stale, ignore_errors=True)
         building = envs / f"{digest}.tmp-{os.getpid()}"
+        building.mkdir()
         log(f"requirements.txt: building an environment on {base_python} in {final}")
+        # By path, with -I: the base interpreter need not have trainport installed.
+        argv = [base_python, "-I", str(Path(__file__).with_name("envbuild.py"))]
+        # The requirements by name: the build runs in the code folder, wherever the
+        # sandbox shows it.
+        argv += [str(building), str(final), requirements.name, *base["site"]]
         try:
-            _build_env(building, base_python, base["site"], requirements, log)
-            _retarget(building, final)
+            if build is None:
+                _run_logged(argv, log, "building the environment", cwd=requirements.parent)
+            else:
+                build(argv, building)
             os.rename(building, final)
         finally:
             shutil.rmtree(building, ignore_errors=True)
@@ -374,36 +390,6 @@ def _base_info(base_python: str) -> dict[str, Any]:
             f"({detail.strip()[-500:]}); point trainport at a working Python"
         ) from exc
     return info
-
-
-def _build_env(
-    venv: Path,
-    base_python: str,
-    site_dirs: list[str],
-    requirements: Path,
-    log: Callable[[str], None],
-) -> None:
-    _run_logged([base_python, "-m", "venv", "--without-pip", str(venv)], log, "python -m venv")
-    python = str(venv / "bin" / "python")
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    # addsitedir (not a bare path line) so the base's own .pth files, editable installs
-    # included, are processed too; it appends, so the venv's packages come first.
-    lines = [f"import site; site.addsitedir({d!r})" for d in site_dirs]
-    Path(purelib, _PTH_NAME).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
-        _run_logged([python, "-m", "ensurepip", "--default-pip"], log, "python -m ensurepip")
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    _run_logged(
-        [*pip, "-r", requirements.name],
-        log,
-        "pip install -r requirements.txt",
-        cwd=requirements.parent,
-    )
 
 
 def _run_logged(
@@ -432,17 +418,6 @@ def _run_logged(
             f"{what}{where} failed with exit code {code}; fix requirements.txt in the source "
             "directory. Last lines of output:\n" + "\n".join(tail)
         )
-
-
-def _retarget(venv: Path, final: Path) -> None:
-    """Point scripts in ``bin/`` (shebangs, activate) at the folder the venv is renamed to."""
-    old, new = str(venv).encode(), str(final).encode()
-    for path in [*(venv / "bin").iterdir(), venv / "pyvenv.cfg"]:
-        if path.is_symlink() or not path.is_file():
-            continue
-        data = path.read_bytes()
-        if old in data:
-            path.write_bytes(data.replace(old, new))
 
 
 @contextlib.contextmanager

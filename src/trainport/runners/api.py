@@ -44,6 +44,9 @@ class Placement:
     netns: str | None = None  # the host's network namespace, in namespace-network mode
     hosts: tuple[str, ...] = ()  # every host of the job, each a name that must resolve
     limits: Limits | None = None  # the instance type's resources; None: the whole machine
+    # Folders of a shared folder the command may write, at their own path: the cached
+    # environment it builds (nothing else is ever writable but the job's own tree).
+    writable: tuple[Path, ...] = ()
 
 
 class HostProcess:

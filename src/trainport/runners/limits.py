@@ -80,19 +80,18 @@ def parse_resources_tag(value: str | None) -> str:
     return value
 
 
-def host_limits(
-    instance_type: str,
-    tags: Mapping[str, str],
-    overrides: Mapping[str, HostShape] | None = None,
-) -> Limits | None:
+def host_limits(instance_type: str, tags: Mapping[str, str], sizes: str = "") -> Limits | None:
     """The host's limits, or None when it has the whole machine: by the tag, or because
-    its instance type has no known size (``local``, or a type the table lacks)."""
+    its instance type has no known size (``local``, or a type the table lacks). ``sizes``
+    is the operator's JSON of instance type sizes (TRAINPORT_RAY_INSTANCE_TYPES), which
+    adds to and overrides the table."""
     # Imported here: the placement package imports the runners.
-    from trainport.placement.capacity import INSTANCE_TYPES
+    from trainport.placement.capacity import INSTANCE_TYPES, parse_instance_types
 
     if parse_resources_tag(tags.get(RESOURCES_TAG)) == "machine":
         return None
-    shape = (overrides or {}).get(instance_type) or INSTANCE_TYPES.get(instance_type)
+    overrides: Mapping[str, HostShape] = parse_instance_types(sizes) if sizes else {}
+    shape = overrides.get(instance_type) or INSTANCE_TYPES.get(instance_type)
     if shape is None or not shape.memory_gib:
         return None
     return Limits(

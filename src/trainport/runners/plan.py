@@ -285,6 +285,13 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
     # Folders before what lies in them: a folder mounted over a mount hides it.
     for path, why in sorted(wanted, key=lambda w: posixpath.normpath(w[0]).count("/")):
         show(path, why)
+    for folder in placement.writable:
+        path = posixpath.normpath(str(folder))
+        if any(posixpath.dirname(path) == s for s in shared):
+            mounts.append(Mount(MountKind.BIND, path, path))
+            mounted.append(path)
+        else:
+            refused.append(f"{path} (to write: only an entry of a shared folder may be)")
     mounts += [
         Mount(MountKind.TMPFS, "/tmp", "1777"),
         Mount(MountKind.TMPFS, "/dev", "0755"),
@@ -297,7 +304,7 @@ def plan_sandbox(placement: Placement, host: HostView) -> SandboxPlan:
         Mount(MountKind.RO_BIND, "/etc/hosts", str(placement.hosts_file)),
     ]
     # The request's files may lie under /tmp or /dev: shown after those are made empty.
-    late = [m for m in mounts if m.kind is MountKind.RO_BIND and _late(m.target)]
+    late = [m for m in mounts if m.kind in (MountKind.RO_BIND, MountKind.BIND) and _late(m.target)]
     mounts = [m for m in mounts if m not in late] + late
     return SandboxPlan(
         mounts=tuple(mounts),

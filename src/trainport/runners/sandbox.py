@@ -130,12 +130,16 @@ def sandbox_problem() -> str | None:
     return _probe(_way())
 
 
-def give_tree(root: Path, uid: int) -> None:
-    """Make the host's tree ``uid``'s, private to it (0700), never following a link and
-    never entering another file system (a FastFile mount)."""
-    device = os.lstat(root).st_dev
-    os.chown(root, uid, uid, follow_symlinks=False)
-    os.chmod(root, 0o700)
+def give_tree(root: Path, uid: int, mode: int = 0o700) -> None:
+    """Make the host's tree ``uid``'s, its top folder ``mode`` (private to it by default),
+    never following a link and never entering another file system (a FastFile mount)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        device = os.fstat(fd).st_dev
+        os.fchown(fd, uid, uid)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
     for folder, dirs, files in os.walk(root):
         for name in list(dirs):
             path = os.path.join(folder, name)
@@ -257,9 +261,15 @@ class _RuncStart:
     """One container's bundle and start (the edge of :func:`oci_config`)."""
 
     def __init__(
-        self, plan: SandboxPlan, root: Path, limits: Limits | None, netns: str | None
+        self,
+        plan: SandboxPlan,
+        root: Path,
+        limits: Limits | None,
+        netns: str | None,
+        writable: tuple[Path, ...] = (),
     ) -> None:
         self.plan = plan
+        self.writable = writable
         self.root = root
         self.limits = limits
         self.netns = netns
@@ -272,6 +282,8 @@ class _RuncStart:
     def start(self) -> RuncProcess:
         uid = job_uid(self.root)
         give_tree(self.root, uid)
+        for folder in self.writable:  # a cached environment, for every later job to read
+            give_tree(folder, uid, 0o755)
         shutil.rmtree(self.bundle, ignore_errors=True)
         for folder in (Path(RUNC_STATE), self.bundle.parent, self.bundle):
             folder.mkdir(exist_ok=True)
@@ -360,7 +372,9 @@ class SandboxRunner(Runner):
     def start(self, placement: Placement) -> HostProcess:
         plan = self.plan(placement)
         if self.way == "runc":
-            return _RuncStart(plan, placement.root, placement.limits, placement.netns).start()
+            return _RuncStart(
+                plan, placement.root, placement.limits, placement.netns, placement.writable
+            ).start()
         if self.way == "bwrap" and os.geteuid() == 0:
             raise SandboxError(_probe("bwrap") or "bubblewrap cannot run as root")
         return self._start_bwrap(plan, placement)
