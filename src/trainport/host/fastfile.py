@@ -272,6 +272,9 @@ def mount_channel(
                 str(mountpoint),
                 foreground=True,
                 ro=True,
+                # As root the job runs as a uid of its own, which a FUSE mount refuses
+                # unless it allows others (read-only, 0444, whatever the uid).
+                **({"allow_other": True} if os.geteuid() == 0 else {}),
                 nothreads=False,
                 fsname=f"trainport-fastfile:{label}",
                 kernel_cache=True,
