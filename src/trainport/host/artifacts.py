@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import tarfile
 import tempfile
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
 
 def artifact_prefix(output_path: str, job: str) -> S3Uri:
     """``<S3OutputPath>/<job>/output/``"""
@@ -35,12 +38,42 @@ def pack_dir(source: Path, target: Path) -> None:
     Level 1 compression: model files are mostly incompressible floats, and the upload
     waits on this.
     """
-    with tarfile.open(target, "w:gz", compresslevel=1) as tar, jobtree.open_folder(source) as top:
-        # Reached without links (a job may have put one where its folder was); tarfile
-        # keeps the links inside as links and never descends through them.
-        if top is not None:
-            for entry in sorted(os.listdir(top)):
-                tar.add(top / entry, arcname=entry)
+    with tarfile.open(target, "w:gz", compresslevel=1) as tar:
+        for rel, st, folder, name in jobtree.walk(source):
+            _add(tar, rel, st, folder, name)
+
+
+def _add(tar: tarfile.TarFile, rel: str, st: os.stat_result, folder: int, name: str) -> None:
+    """One entry of a job's folder, read through its folder's descriptor (see
+    jobtree.walk): a link the job made is kept as a link, and a file is read only if it
+    is still the file that was listed."""
+    if stat.S_ISREG(st.st_mode):
+        try:
+            fd = os.open(name, _FILE, dir_fd=folder)
+        except OSError:
+            return  # gone, or a link put in its place since it was listed
+        with open(fd, "rb") as f:
+            if not os.path.samestat(st, os.fstat(fd)):
+                return
+            info = tar.gettarinfo(arcname=rel, fileobj=f)
+            tar.addfile(info, f if info.isreg() else None)
+        return
+    info = tarfile.TarInfo(rel)
+    info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+    info.uid, info.gid = st.st_uid, st.st_gid
+    if stat.S_ISDIR(st.st_mode):
+        info.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(st.st_mode):
+        info.type = tarfile.SYMTYPE
+        try:
+            info.linkname = os.readlink(name, dir_fd=folder)
+        except OSError:
+            return
+    elif stat.S_ISFIFO(st.st_mode):
+        info.type = tarfile.FIFOTYPE
+    else:
+        return  # sockets and devices hold nothing to keep
+    tar.addfile(info)
 
 
 def scratch_dir(job_dir: Path) -> Path:
@@ -89,17 +122,13 @@ def pack_merged(sources: Sequence[tuple[str, Path]], target: Path) -> list[str]:
     owners: dict[str, list[str]] = {}
     with tarfile.open(target, "w:gz", compresslevel=1) as tar:
         for host, source in sources:
-            with jobtree.open_folder(source) as folder:
-                if folder is None:
-                    continue  # missing, or a link the job put in its place
-                for dirpath, dirnames, filenames in os.walk(folder):
-                    dirnames.sort()
-                    for name in sorted(filenames):
-                        path = Path(dirpath) / name
-                        rel = str(path.relative_to(folder))
-                        owners.setdefault(rel, []).append(host)
-                        if len(owners[rel]) == 1:
-                            tar.add(path, arcname=rel, recursive=False)
+            # Nothing of a folder that is missing or a link the job put in its place.
+            for rel, st, folder, name in jobtree.walk(source):
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                owners.setdefault(rel, []).append(host)
+                if len(owners[rel]) == 1:
+                    _add(tar, rel, st, folder, name)
     return [
         f"{rel} ({', '.join(hosts)})" for rel, hosts in sorted(owners.items()) if len(hosts) > 1
     ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
+
+from trainport.host import jobtree
 
 __all__ = ["RESERVE_BYTES", "Reserve", "is_full", "make_room"]
 
@@ -62,19 +63,21 @@ class Reserve:
 
 def make_room(data_dir: Path) -> int:
     """Remove the staged channels under ``data_dir`` (not mount points: an unmounted view
-    leaves an empty folder); returns how many entries went."""
+    leaves an empty folder); returns how many entries went.
+
+    The folder is the job's: it may have put links there, or a link in its place, to a
+    folder of the machine's. It is reached and emptied without following any (see
+    :func:`jobtree.remove_at`), so only what lies in the job's own tree goes."""
+    try:
+        fd = jobtree.open_nofollow(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return 0  # missing, or a link where the folder was
     removed = 0
     try:
-        entries = list(data_dir.iterdir())
-    except OSError:
-        return 0
-    for entry in entries:
-        if os.path.ismount(entry):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed += 1
+        for name in os.listdir(fd):
+            if jobtree.remove_at(fd, name):
+                removed += 1
+    finally:
+        os.close(fd)
     log.info("removed %d staged inputs under %s to make room", removed, data_dir)
     return removed

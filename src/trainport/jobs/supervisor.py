@@ -16,7 +16,6 @@ import functools
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -27,7 +26,7 @@ from types import FrameType
 
 from trainport.config import Settings, load_settings
 from trainport.errors import DatabaseError, TrainportError
-from trainport.host import mpi
+from trainport.host import jobtree, mpi
 from trainport.host.agent import HostPlan
 from trainport.host.artifacts import scratch_dir, upload_merged
 from trainport.host.events import (
@@ -255,7 +254,8 @@ def _run_hosts(
             _say_in_logs(settings.jobs_dir / name, hosts, message)
             # Fresh instances, as SageMaker's retry gets: nothing of the failed attempt's
             # trees is merged into the next one's archives (checkpoints are in the store).
-            shutil.rmtree(settings.jobs_dir / name / "hosts", ignore_errors=True)
+            # Never following a link a job left in them (see jobtree.remove_tree).
+            jobtree.remove_tree(settings.jobs_dir / name / "hosts")
             emit(Phase("Starting", message))
             continue
         break

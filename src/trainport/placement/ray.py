@@ -27,7 +27,6 @@ import dataclasses
 import logging
 import os
 import queue
-import shutil
 import socket
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 import trainport
 from trainport.config import Settings
 from trainport.errors import ValidationError
-from trainport.host import mpi
+from trainport.host import jobtree, mpi
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged, append_log_lines
 from trainport.host.layout import HostLayout
@@ -320,7 +319,7 @@ class HostActor:
                     addresses={plan.host: "127.0.0.1"},  # the node's address is not there
                 )
             if plan.job_dir.exists():  # a rerun of the same job name on this node
-                shutil.rmtree(plan.job_dir)
+                jobtree.remove_tree(plan.job_dir)  # never through a link the last run left
             agent = HostAgent(
                 plan,
                 store=open_store(self._settings),
@@ -408,8 +407,12 @@ class HostActor:
                     layout = agent.plan.layout
                     folders = (("model", layout.model_dir), ("output", layout.output_data_dir))
                     for name, folder in folders:
-                        if folder.is_dir() and not folder.is_symlink():
-                            tar.add(folder, arcname=name, recursive=True)
+                        # Reached without links; tarfile keeps links inside as links.
+                        with jobtree.open_folder(folder) as top:
+                            if top is None:
+                                continue
+                            for entry in sorted(os.listdir(top)):
+                                tar.add(top / entry, arcname=f"{name}/{entry}")
             open_store(self._settings).upload(packed, bucket, key)
         finally:
             packed.unlink(missing_ok=True)
@@ -417,7 +420,7 @@ class HostActor:
     def clean(self) -> None:
         """Remove the host's tree from the node (its log and artifacts have been sent)."""
         if self._agent is not None:
-            shutil.rmtree(self._agent.plan.job_dir, ignore_errors=True)
+            jobtree.remove_tree(self._agent.plan.job_dir)
 
 
 class _PeerRelay:
