@@ -20,6 +20,14 @@ enters the figure.
     python benchmarks/job_overhead.py --repeat 7 --runners sandbox:unshare,sandbox:bwrap,process
 
 A runner written ``sandbox:WAY`` runs the sandbox made that way (``TRAINPORT_SANDBOX``).
+A runner written ``RUNNER@REF`` runs trainport as it was at the git commit ``REF`` (a
+detached worktree of this repository, put first on ``PYTHONPATH``), so a change is measured
+beside the code before it in one run:
+
+    python benchmarks/job_overhead.py --repeat 7 --runners sandbox,sandbox@7ff9b6c,process
+
+Every sandbox is also compared, run by run, with each ``sandbox@REF`` (its first line
+against the earlier code's).
 The runner ``container`` runs the job as a busybox image in the container engine (built
 here, no registry needed; ``container:docker`` or ``container:podman`` names the engine,
 ``TRAINPORT_CONTAINER_ENGINE``: docker's daemon must be running), its user code ``echo``:
@@ -176,9 +184,38 @@ def job_log(home: Path, name: str) -> Path:
     return home / "jobs" / name / "logs" / "algo-1.log"
 
 
+_WORKTREES: dict[str, Path] = {}
+
+
+def worktree(ref: str) -> Path:
+    """A detached worktree of this repository at ``ref`` (made once per run)."""
+    if ref not in _WORKTREES:
+        repo = Path(__file__).resolve().parent.parent
+        where = Path(tempfile.mkdtemp(prefix=f"trainport-at-{ref[:12]}-"))
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", "--force", str(where), ref],
+            check=True,
+            capture_output=True,
+        )
+        _WORKTREES[ref] = where
+    return _WORKTREES[ref]
+
+
+def drop_worktrees() -> None:
+    repo = Path(__file__).resolve().parent.parent
+    for where in _WORKTREES.values():
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "remove", "--force", str(where)],
+            capture_output=True,
+        )
+
+
 def runner_env(runner: str, env: dict[str, str]) -> dict[str, str]:
     """The environment for ``runner`` (``sandbox:WAY`` picks the sandbox's way,
-    ``container:ENGINE`` the engine)."""
+    ``container:ENGINE`` the engine, ``@REF`` the code of an earlier commit)."""
+    runner, _, ref = runner.partition("@")
+    if ref:
+        env = {**env, "PYTHONPATH": str(worktree(ref) / "src")}
     _, _, way = runner.partition(":")
     if not way:
         return env
@@ -198,7 +235,7 @@ def image_for(runner: str) -> str | None:
 
 def cli_runner(runner: str) -> str:
     """A TrainingImage the engine has runs in a container whatever the runner flag says."""
-    return "sandbox" if is_container(runner) else runner.partition(":")[0]
+    return "sandbox" if is_container(runner) else runner.partition("@")[0].partition(":")[0]
 
 
 def median_ms(values: list[float]) -> float:
@@ -234,7 +271,7 @@ def main() -> int:
         # One unmeasured round warms the page cache and creates the database.
         for r in runners:
             job = work / f"warm-{r}.json"
-            name = f"warm-{r.replace(':', '-')}"
+            name = f"warm-{r.replace(':', '-').replace('@', '-at-')}"
             write_job(job, script, marker, name, image_for(r))
             argv = [*tp, "run", str(job), "--runner", cli_runner(r)]
             time_one(argv, marker, runner_env(r, env), job_log(home, name), is_container(r))
@@ -244,7 +281,7 @@ def main() -> int:
             floor.total.append(end - start)
             for r in runners:
                 job = work / f"job-{r}-{i}.json"
-                name = f"bench-{r.replace(':', '-')}-{i}"
+                name = f"bench-{r.replace(':', '-').replace('@', '-at-')}-{i}"
                 write_job(job, script, marker, name, image_for(r))
                 argv = [*tp, "run", str(job), "--runner", cli_runner(r)]
                 start, first, end, _ = time_one(
@@ -254,6 +291,7 @@ def main() -> int:
                 by_runner[r].total.append(end - start)
                 by_runner[r].stages.append(stage_times(home, name, start, first, end))
     finally:
+        drop_worktrees()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -293,6 +331,20 @@ def main() -> int:
             print(
                 f"  {r} over process, first line: median {mid:+.0f} ms (runs {extra[0] * 1000:+.0f}"
                 f" to {extra[-1] * 1000:+.0f}); budget {SANDBOX_BUDGET_SECONDS * 1000:.0f} ms {ok}"
+            )
+    for earlier in (r for r in runners if "@" in r):
+        base = by_runner[earlier].first_line
+        base_total = by_runner[earlier].total
+        for r in (r for r in runners if r.startswith("sandbox") and "@" not in r):
+            extra = sorted(s - p for s, p in zip(by_runner[r].first_line, base, strict=True))
+            whole = sorted(s - p for s, p in zip(by_runner[r].total, base_total, strict=True))
+            mid = statistics.median(extra) * 1000
+            ok = "ok" if mid < SANDBOX_BUDGET_SECONDS * 1000 else "MISS"
+            print(
+                f"  {r} over {earlier}, first line: median {mid:+.0f} ms (runs "
+                f"{extra[0] * 1000:+.0f} to {extra[-1] * 1000:+.0f}); whole job: median "
+                f"{statistics.median(whole) * 1000:+.0f} ms; budget "
+                f"{SANDBOX_BUDGET_SECONDS * 1000:.0f} ms to the first line {ok}"
             )
     print()
     print("where the time goes (median over runs of each stage's length, ms)")
