@@ -86,3 +86,14 @@ def test_a_checkpoint_folder_outside_sagemakers_folders_is_mounted_too() -> None
 
     assert "/jobs/j/hosts/algo-2/opt_ml/ckpt/run:/opt/ml/ckpt/run" in volumes("/opt/ml/ckpt/run")
     assert len(volumes("/opt/ml/model/ckpt")) == len(volumes("/opt/ml/checkpoints")) == 5
+
+
+def test_a_container_gets_its_instance_types_limits() -> None:
+    from trainport.runners.limits import host_limits
+
+    limits = host_limits("ml.m5.large", {})
+    assert limits is not None
+    argv = container_argv(job(), dataclasses.replace(placement(), limits=limits))
+    assert f"--memory={8 << 30}" in argv and "--cpus=2" in argv and "--pids-limit=2048" in argv
+    assert f"--shm-size={8 << 30}" in argv
+    assert not any(a.startswith("--memory") for a in container_argv(job(), placement()))

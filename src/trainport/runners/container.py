@@ -115,6 +115,10 @@ def container_argv(job: ContainerJob, placement: Placement) -> list[str]:
         argv += _PODMAN_FLAGS
     # The image's entrypoint is PID 1, as under SageMaker, whatever the engine's default.
     argv += ["--init=false"]
+    if placement.limits is not None:  # the instance type's shape, as the sandbox's
+        limits = placement.limits
+        argv += [f"--memory={limits.memory_bytes}", f"--cpus={limits.cpus:g}"]
+        argv += [f"--pids-limit={limits.tasks}", f"--shm-size={limits.memory_bytes}"]
     if job.network_isolation and (docker or not placement.netns):
         # Nothing but a loopback of its own. With a namespace, that is the job's (see
         # runners.netns): an isolated job's hosts still reach each other there, as in
