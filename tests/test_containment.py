@@ -45,9 +45,7 @@ exec /usr/bin/false
 """
 
 
-def test_a_path_of_fake_launchers_runs_nothing_outside(
-    tmp_path: Path, service: JobService
-) -> None:
+def test_a_path_of_fake_launchers_runs_nothing_outside(tmp_path: Path, service: JobService) -> None:
     """The request's PATH names a folder of the attacker's programs, named as every tool
     trainport might start outside the sandbox: none of them runs."""
     fakes = tmp_path / "fakes"
@@ -73,7 +71,7 @@ def test_a_path_of_fake_launchers_runs_nothing_outside(
     assert record.status in ("Completed", "Failed")
 
 
-BACKEND = '''
+BACKEND = """
 import base64, hashlib, os, zipfile
 
 def _attack():
@@ -110,7 +108,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         record.append("evil_pkg-1.0.dist-info/RECORD,,")
         z.writestr("evil_pkg-1.0.dist-info/RECORD", "\\n".join(record) + "\\n")
     return name
-'''
+"""
 
 PYPROJECT = """
 [build-system]
@@ -211,9 +209,9 @@ def test_uid_0_inside_is_not_the_machines_root(home: Path, service: JobService) 
     assert not [line for line in out if line.startswith("WROTE")], out
     assert "hostname algo-1" in out
     assert "uid 0 mode 0o104755" in out  # it believes it is root with a setuid file...
-    assert Path("/proc/sys/kernel/core_pattern").read_text() == before[
-        "/proc/sys/kernel/core_pattern"
-    ]
+    assert (
+        Path("/proc/sys/kernel/core_pattern").read_text() == before["/proc/sys/kernel/core_pattern"]
+    )
     # ... which on the machine belongs to the job's own unprivileged uid, in a tree no
     # other local user can enter.
     tree = home / "jobs" / "root-attacks" / "hosts" / "algo-1"
@@ -316,7 +314,7 @@ def test_dev_shm_counts_against_the_instance_memory(
     record = wait_for(service, "shm-hog")
     out = lines(service, "shm-hog")
     assert "filled" not in out, out
-    assert record.status == "Completed" and "refused OSError 28" in out or (
+    assert (record.status == "Completed" and "refused OSError 28" in out) or (
         (record.failure_reason or "").startswith("OutOfMemoryError")
     ), (record.failure_reason, out)
 

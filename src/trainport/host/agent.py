@@ -74,10 +74,12 @@ class HostPlan:
     hosts: tuple[str, ...]
     job_dir: Path
 
-    # Each host's address, as every host's /etc/hosts maps it: 127.0.0.(k+1) for algo-k.
+    # Each host's address, as every host's /etc/hosts maps it: its namespace's on the job's
+    # bridge, else a loopback address of its own.
     addresses: dict[str, str] = field(default_factory=dict)
     network_interface: str = "lo"
-    netns: str | None = None  # set in namespace-network mode: the host's network namespace
+    netns: str | None = None  # the host's network namespace, if not the machine's
+    network_note: str | None = None  # told in the Training status: why the network is shared
     # Multi-host jobs merge every host's model folder into one archive: the supervisor
     # uploads once all hosts are done, not each agent.
     upload_artifacts: bool = True
@@ -222,6 +224,8 @@ class HostAgent:
             self._stage_channels(layout)
             self._activity = ("unpacking the code", layout.code_dir)
             cmd = self._command(layout)
+            if cmd.container is None:
+                self._notes += self.runner.limit_notes(self._limits())
             if self._stop.is_set():
                 raise _Stopped
             self.emit(Phase("Training", "; ".join(["Training in progress", *self._notes])))
@@ -418,6 +422,8 @@ class HostAgent:
 
     def _command(self, layout: HostLayout) -> commands.Command:
         spec = self.plan.spec
+        if self.plan.network_note:
+            self._notes.append(self.plan.network_note)
         base_dir = self.runner.base_dir(layout.root)
         env = self._base_env(base_dir)
         share = self._gpus()
@@ -470,6 +476,7 @@ class HostAgent:
             self.settings.envs_dir,
             base_python=sys.executable,
             log=lambda line: self._log_line(f"[trainport] {line}"),
+            build=functools.partial(self._build_env, env, f"{base_dir}/code", layout),
         )
         argv, sm_env = script_mode.script_invocation(
             base_dir=Path(base_dir),
@@ -496,6 +503,58 @@ class HostAgent:
         if settings is not None:
             return self._mpi_command(settings, argv, python, merged, base_dir, layout, share)
         return commands.Command(tuple(argv), f"{base_dir}/code", merged)
+
+    def _build_env(
+        self, env: dict[str, str], cwd: str, layout: HostLayout, argv: list[str], folder: Path
+    ) -> None:
+        """Run a requirements build where the job runs: its runner, identity, limits and
+        network, writing only ``folder``; its output goes to the job's log."""
+        placement = self._placement(tuple(argv), env, cwd, layout, writable=(folder,))
+        with self._lock:
+            if self._stop.is_set():
+                raise _Stopped
+            process = self.runner.start(placement)
+            self._process = process
+        tail: list[str] = []
+        try:
+            for raw in process.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                tail = [*tail[-19:], line]
+                self._log_line(line)
+            code = process.wait()
+        finally:
+            with self._lock:
+                self._process = None
+        if self._stop.is_set():
+            raise _Stopped
+        if code != 0:
+            raise ValidationError(
+                f"pip install -r requirements.txt failed with exit code {code}; fix "
+                "requirements.txt in the source directory. Last lines of output:\n"
+                + "\n".join(tail)
+            )
+
+    def _placement(
+        self,
+        argv: tuple[str, ...],
+        env: dict[str, str],
+        cwd: str,
+        layout: HostLayout,
+        writable: tuple[Path, ...] = (),
+    ) -> Placement:
+        return Placement(
+            root=layout.root,
+            hosts_file=self.plan.hosts_file,
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            private=(self.settings.home,),
+            shared=(self.settings.envs_dir,),
+            netns=self.plan.netns,
+            hosts=self.plan.hosts,
+            limits=self._limits(),
+            writable=writable,
+        )
 
     def _unpack_code(self, source: S3Uri, layout: HostLayout) -> None:
         from trainport.host import script_mode
@@ -635,18 +694,7 @@ class HostAgent:
     def _train(
         self, cmd: commands.Command, layout: HostLayout, checkpoints: CheckpointSync | None
     ) -> Finished:
-        placement = Placement(
-            root=layout.root,
-            hosts_file=self.plan.hosts_file,
-            argv=cmd.argv,
-            env=cmd.env,
-            cwd=cmd.cwd,
-            private=(self.settings.home,),
-            shared=(self.settings.envs_dir,),
-            netns=self.plan.netns,
-            hosts=self.plan.hosts,
-            limits=self._limits(),
-        )
+        placement = self._placement(cmd.argv, cmd.env, cmd.cwd, layout)
         with self._lock:
             if self._stop.is_set():
                 raise _Stopped
@@ -698,7 +746,10 @@ class HostAgent:
 
     def _limits(self) -> Limits | None:
         spec = self.plan.spec
-        return host_limits(spec.group_of(self.plan.host).instance_type, spec.tags)
+        # The sizes the Ray runner places hosts by (the table, and the operator's own).
+        return host_limits(
+            spec.group_of(self.plan.host).instance_type, spec.tags, self.settings.ray_instance_types
+        )
 
     def _sync_loop(self, checkpoints: CheckpointSync, done: threading.Event) -> None:
         while not done.wait(self.settings.checkpoint_sync_seconds):

@@ -56,7 +56,8 @@ def build(venv: Path, final: Path, requirements: Path, site_dirs: list[str]) -> 
     if subprocess.run([python, "-c", "import pip"], capture_output=True).returncode != 0:
         _run([python, "-m", "ensurepip", "--default-pip"], "python -m ensurepip")
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    _run([*pip, "-r", requirements.name], "pip install -r requirements.txt", str(requirements.parent))
+    what = "pip install -r requirements.txt"
+    _run([*pip, "-r", requirements.name], what, str(requirements.parent))
     retarget(venv, final)
 
 

@@ -122,6 +122,12 @@ class Runner(ABC):
     @abstractmethod
     def start(self, placement: Placement) -> HostProcess: ...
 
+    def limit_notes(self, limits: Limits | None) -> list[str]:
+        """What of the instance type's shape this runner does not enforce, to tell."""
+        if limits is None:
+            return []
+        return [f"the instance type's limits ({limits.describe()}) are not enforced here"]
+
     def _popen(
         self,
         argv: list[str],

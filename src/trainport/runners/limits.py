@@ -21,7 +21,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from trainport.errors import ValidationError
@@ -115,8 +114,11 @@ def memory_outcome(cgroup: str, limits: Limits) -> str | None:
     v2 = Path("/sys/fs/cgroup") / cgroup.lstrip("/")
     v1 = Path("/sys/fs/cgroup/memory") / cgroup.lstrip("/")
     kills = peak = None
-    for events, high in ((v2 / "memory.events", v2 / "memory.peak"),
-                         (v1 / "memory.oom_control", v1 / "memory.max_usage_in_bytes")):  # fmt: skip
+    places = (
+        (v2 / "memory.events", v2 / "memory.peak"),
+        (v1 / "memory.oom_control", v1 / "memory.max_usage_in_bytes"),
+    )
+    for events, high in places:
         try:
             text = events.read_text()
         except OSError:

@@ -104,7 +104,12 @@ _MIB = 1 << 20
 def _seccomp() -> dict[str, Any]:
     return {
         "defaultAction": "SCMP_ACT_ALLOW",
-        "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32", "SCMP_ARCH_AARCH64"],
+        "architectures": [
+            "SCMP_ARCH_X86_64",
+            "SCMP_ARCH_X86",
+            "SCMP_ARCH_X32",
+            "SCMP_ARCH_AARCH64",
+        ],
         "syscalls": [
             {"names": list(BLOCKED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
             # No new user namespaces (clone's flag; clone3's flags lie in memory seccomp
@@ -131,7 +136,9 @@ def _mount(target: str, kind: str, source: str, options: list[str]) -> dict[str,
     return {"destination": target, "type": kind, "source": source, "options": options}
 
 
-def _mounts(plan: SandboxPlan, files: dict[str, str], limits: Limits | None) -> list[dict[str, Any]]:
+def _mounts(
+    plan: SandboxPlan, files: dict[str, str], limits: Limits | None
+) -> list[dict[str, Any]]:
     mounts = []
     # The in-memory folders count against the memory limit anyway; their size says so
     # up front (ENOSPC, not an out-of-memory kill, when one fills).
@@ -157,7 +164,8 @@ def _mounts(plan: SandboxPlan, files: dict[str, str], limits: Limits | None) -> 
         elif m.kind is MountKind.PROC:
             mounts.append(_mount(m.target, "proc", "proc", ["nosuid", "nodev", "noexec"]))
         elif m.kind is MountKind.FILE:
-            mounts.append(_mount(m.target, "bind", files[m.target], ["bind", "ro", "nosuid", "nodev"]))
+            options = ["bind", "ro", "nosuid", "nodev"]
+            mounts.append(_mount(m.target, "bind", files[m.target], options))
         elif m.kind is MountKind.MASK:
             pass  # the plan masks nothing the allow-list brings in; /proc's are below
         # SYMLINK: made in the rootfs (or by runc under /dev)

@@ -108,7 +108,9 @@ ETC_ENTRIES = (
     "xdg",
 )
 # /etc files written for the job: its own identity's entries, nothing of the machine's.
-PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+PASSWD = (
+    "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
 GROUP = "root:x:0:\nnogroup:x:65534:\n"
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 DEV_LINKS = (

@@ -100,7 +100,8 @@ def _probe(way: str) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{argv[0]} failed: {exc}"
     if done.returncode != 0:
-        return f"{argv[0]} cannot create a namespace: {done.stderr.decode(errors='replace').strip()}"
+        why = done.stderr.decode(errors="replace").strip()
+        return f"{argv[0]} cannot create a namespace: {why}"
     return None
 
 
@@ -360,13 +361,12 @@ class SandboxRunner(Runner):
             log.warning("not shown in the sandbox: %s", why)
         return plan
 
-    def notes(self, placement: Placement) -> list[str]:
-        """What this way does not enforce for ``placement``, to tell the user."""
-        if self.way == "runc" or placement.limits is None:
+    def limit_notes(self, limits: Limits | None) -> list[str]:
+        if self.way == "runc" or limits is None:
             return []
         return [
-            f"the instance type's limits ({placement.limits.describe()}) are not enforced: "
-            "cgroups need root"
+            f"the instance type's limits ({limits.describe()}) are not enforced: the "
+            "sandbox's cgroups need root"
         ]
 
     def start(self, placement: Placement) -> HostProcess:
