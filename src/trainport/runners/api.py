@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 from abc import ABC, abstractmethod
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["PROCESS_RUNNER_WARNING", "HostProcess", "Placement", "Runner", "select_runner"]
 
 log = logging.getLogger(__name__)
+
+# The PATH trainport finds its own tools on outside a sandbox: fixed, never a request's.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 PROCESS_RUNNER_WARNING = (
     "the process runner isolates nothing: a job runs as this user and can read and change "
@@ -139,7 +143,8 @@ class Runner(ABC):
         if placement.netns:
             # ip netns exec execs the command in place: the pid (and process group) stays
             # the training command's.
-            argv = ["ip", "netns", "exec", placement.netns, *argv]
+            ip = shutil.which("ip", path=SYSTEM_PATH) or "ip"
+            argv = [ip, "netns", "exec", placement.netns, *argv]
         try:
             return subprocess.Popen(  # type: ignore[call-overload]
                 argv,

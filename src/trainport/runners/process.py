@@ -28,30 +28,36 @@ import subprocess
 from pathlib import Path
 
 from trainport.errors import SandboxError
-from trainport.runners.api import HostProcess, Placement, Runner
+from trainport.runners.api import SYSTEM_PATH, HostProcess, Placement, Runner
 
 __all__ = ["ProcessRunner", "hosts_namespace_argv", "hosts_namespace_problem"]
 
 log = logging.getLogger(__name__)
 
 # $0 is the hosts file; exec keeps the pid (and process group) the training command's.
-_BIND_HOSTS = 'mount --bind "$0" /etc/hosts && exec "$@"'
+# The tools by their system path: the request's PATH is the command's, not the launcher's.
+_BIND_HOSTS = '"$0" --bind "$1" /etc/hosts && shift && exec "$@"'
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name, path=SYSTEM_PATH) or name
 
 
 def hosts_namespace_argv(way: str, hosts_file: Path) -> list[str]:
     """The prefix that runs a command with ``hosts_file`` as its /etc/hosts."""
+    unshare = _tool("unshare")
     if way == "root":
-        argv = ["unshare", "--mount", "--propagation", "private"]
+        argv = [unshare, "--mount", "--propagation", "private"]
     else:
-        argv = ["unshare", "--user", "--map-current-user", "--mount", "--propagation", "private"]
-    return [*argv, "--", "sh", "-c", _BIND_HOSTS, str(hosts_file)]
+        argv = [unshare, "--user", "--map-current-user", "--mount", "--propagation", "private"]
+    return [*argv, "--", _tool("sh"), "-c", _BIND_HOSTS, _tool("mount"), str(hosts_file)]
 
 
 @functools.cache
 def _hosts_way() -> tuple[str | None, str | None]:
     """(way, None) for the way this machine can give a command its own /etc/hosts, or
     (None, why not)."""
-    if not shutil.which("unshare"):
+    if not shutil.which("unshare", path=SYSTEM_PATH):
         return None, "unshare (util-linux) is not installed"
     way = "root" if os.geteuid() == 0 else "user"
     probe = [*hosts_namespace_argv(way, Path("/etc/hosts")), "true"]

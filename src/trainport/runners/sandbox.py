@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from trainport.errors import SandboxError
-from trainport.runners.api import HostProcess, Placement, Runner
+from trainport.runners.api import SYSTEM_PATH, HostProcess, Placement, Runner
 from trainport.runners.limits import Limits, job_uid, memory_outcome
 from trainport.runners.oci import oci_config
 from trainport.runners.plan import OPT_ML, HostView, MountKind, SandboxPlan, plan_sandbox
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 
 # The environment and PATH of every process trainport starts outside a sandbox: fixed,
 # never the request's nor the caller's.
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER_ENV = {"PATH": SYSTEM_PATH, "LANG": "C.UTF-8"}
 # runc's state for trainport's containers, apart from any other runc user's (podman).
 RUNC_STATE = "/run/trainport-runc"
