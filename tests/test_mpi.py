@@ -333,6 +333,93 @@ def test_launch_board_refuses_strangers(tmp_path: Path) -> None:
     time.sleep(0)
 
 
+def test_launch_board_stays_bounded_under_a_flood_and_still_launches(tmp_path: Path) -> None:
+    """Connections that never send a request (or trickle one) cost the board a bounded
+    number of threads, are closed after its request time, and the real launch agent gets
+    through afterwards."""
+    import contextlib
+    import socket as sockets
+    import subprocess
+    import sys
+    import threading
+
+    board = mpi.LaunchBoard(["algo-1", "algo-2", "algo-3"])
+    board.request_seconds = 1.0
+    board.start(tmp_path / "private")
+    assert board.path is not None
+    before = threading.active_count()
+    flood = []
+    for k in range(400):
+        conn = sockets.socket(sockets.AF_UNIX)
+        conn.connect(str(board.path))
+        if k % 50 == 0:
+            conn.sendall(b'{"token": ')  # a request that never ends
+        flood.append(conn)
+    time.sleep(0.3)
+    assert threading.active_count() - before <= board.slots + 1
+    # Each one the board took is closed once its request time is over.
+    wait_until(lambda: threading.active_count() - before <= 1, timeout=10, what="slots freed")
+    for conn in flood:
+        conn.settimeout(5)
+        # Closed by the board, at once or after its time (reset: it left bytes unread).
+        with contextlib.suppress(ConnectionResetError):
+            assert conn.recv(1) == b""
+        conn.close()
+    env = {"PATH": "/usr/bin:/bin", mpi.ENV_HOST: "algo-1", **board.environment(str(board.path))}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "trainport.host.mpi_launch", "algo-2", "orted", "--real"], env=env
+    )
+    request = board.wait_for("algo-2", threading.Event())
+    assert request is not None and request.command == "orted --real"
+    request.finish(0)
+    assert agent.wait(timeout=30) == 0
+    board.close()
+
+
+FLOODING_RANK = """
+import json, os, socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+held = []
+if comm.Get_rank() == 0:
+    folder, name = os.path.split(os.environ["TRAINPORT_MPI_LAUNCH"])
+    os.chdir(folder)
+    for _ in range(600):
+        conn = socket.socket(socket.AF_UNIX)
+        try:
+            conn.connect(name)
+        except OSError:
+            continue
+        held.append(conn)
+    print("FLOODED " + str(len(held)), flush=True)
+    time.sleep(4)
+comm.Barrier()
+print("RANK " + json.dumps({"rank": comm.Get_rank()}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("runner", ["process", "sandbox"])
+def test_a_rank_flooding_the_launch_board_costs_the_supervisor_no_thread_each(
+    home: Path, service: JobService, runner: str
+) -> None:
+    runner_ok(runner)
+    name = f"mpi-flood-{runner}"
+    service.create(mpi_job(home, name, FLOODING_RANK, per_host=1), runner=runner)
+
+    def flooded() -> bool:
+        return any("FLOODED" in text for _, text in service.logs(name))
+
+    wait_until(flooded, timeout=120, what="the rank's flood")
+    supervisor = service.get(name).supervisor
+    assert supervisor is not None
+    threads = len(os.listdir(f"/proc/{supervisor[0]}/task"))
+    assert threads < 100, f"the supervisor runs {threads} threads"
+    record = wait_for(service, name, timeout=180)
+    assert record.status == "Completed", record.failure_reason
+    seen = rank_reports(service, name, 2)
+    assert [r["rank"] for r in seen["algo-1"]] == [0] and [r["rank"] for r in seen["algo-2"]] == [1]
+
+
 PIPE_RANKS = """
 import json, os
 from mpi4py import MPI

@@ -376,9 +376,15 @@ class LaunchBoard:
     The leader's agent starts it with a folder inside its own tree (the socket must be
     reachable from inside its sandbox); the socket is bound through ``/proc/self/fd`` so
     that long job paths do not hit the 108-byte limit of a socket address.
+
+    The socket is the job's to reach, and the job's code holds the token, so the board
+    bounds what a connection may cost: it serves at most ``slots`` at once (one thread
+    each; one launch per other host needs far fewer) and closes any beyond; a connection
+    must send its whole request within ``request_seconds`` or is closed.
     """
 
     MAX_REQUEST = 1 << 20
+    REQUEST_SECONDS = 5.0
 
     def __init__(self, hosts: Sequence[str], relay: LaunchRelay | None = None) -> None:
         self.hosts = tuple(hosts)
@@ -395,6 +401,10 @@ class LaunchBoard:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._server: socket.socket | None = None
+        self.request_seconds = self.REQUEST_SECONDS
+        self.slots = 2 * len(self.hosts) + 4
+        self._free = threading.BoundedSemaphore(self.slots)
+        self._said_full = False
 
     def environment(self, socket_in_job: str) -> dict[str, str]:
         """What the leader's training command needs to reach the board."""
@@ -465,11 +475,29 @@ class LaunchBoard:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            threading.Thread(
-                target=self._serve, args=(conn,), name="mpi-launch-conn", daemon=True
-            ).start()
+            if not self._free.acquire(blocking=False):
+                if not self._said_full:  # once: a flood must not flood the log too
+                    self._said_full = True
+                    log.warning(
+                        "mpi launch board: all %d connections busy; closing more", self.slots
+                    )
+                conn.close()
+                continue
+            try:
+                threading.Thread(
+                    target=self._serve, args=(conn,), name="mpi-launch-conn", daemon=True
+                ).start()
+            except RuntimeError:  # no thread to be had: this connection is not served
+                self._free.release()
+                conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
+        try:
+            self._serve_one(conn)
+        finally:
+            self._free.release()
+
+    def _serve_one(self, conn: socket.socket) -> None:
         with conn:
             request = self._read(conn)
             if request is None:
@@ -499,9 +527,17 @@ class LaunchBoard:
                 conn.sendall(json.dumps({"exit": done[0]}).encode() + b"\n")
 
     def _read(self, conn: socket.socket) -> LaunchRequest | None:
+        deadline = time.monotonic() + self.request_seconds
         data = b""
         while not data.endswith(b"\n"):
-            chunk = conn.recv(65536)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None  # idle, or trickling: its slot goes to others
+            conn.settimeout(left)
+            try:
+                chunk = conn.recv(65536)
+            except OSError:  # TimeoutError included
+                return None
             if not chunk or len(data) > self.MAX_REQUEST:
                 return None
             data += chunk
@@ -525,6 +561,7 @@ class LaunchBoard:
     def _refuse(conn: socket.socket, why: str) -> None:
         log.warning("mpi launch refused: %s", why)
         with contextlib.suppress(OSError):
+            conn.settimeout(1.0)  # a client that reads nothing holds no slot for long
             conn.sendall(json.dumps({"error": why}).encode() + b"\n")
         return None
 
