@@ -349,3 +349,31 @@ def test_a_job_cannot_start_more_processes_than_its_instance_allows(
     assert record.status == "Completed", (record.failure_reason, out[-5:])
     refused = [line for line in out if line.startswith("refused after")]
     assert refused and int(refused[0].split()[2]) <= 1024, out[-5:]
+
+
+def test_reconcile_removes_a_killed_supervisors_sandbox(home: Path, service: JobService) -> None:
+    """A supervisor killed mid-job leaves its runc container running; the next look at
+    jobs ends the job and removes the container, its state and its bundle."""
+    import signal
+
+    from tests.conftest import wait_until
+
+    service.create(
+        sandboxed("runc-orphan", "import time; print('ready', flush=True); time.sleep(300)")
+    )
+    wait_until(lambda: any("ready" in line for line in lines(service, "runc-orphan")), what="ready")
+    root = home / "jobs" / "runc-orphan" / "hosts" / "algo-1"
+    prefix = sandbox_module._container_prefix(root)
+
+    def containers() -> list[str]:
+        state = Path(sandbox_module.RUNC_STATE)
+        return [e for e in os.listdir(state) if e.startswith(prefix)] if state.is_dir() else []
+
+    assert len(containers()) == 1
+    supervisor = service.get("runc-orphan").supervisor
+    assert supervisor is not None
+    os.kill(supervisor[0], signal.SIGKILL)
+    wait_until(lambda: service.get("runc-orphan").status == "Failed", what="reconcile")
+    assert containers() == []
+    bundles = Path(sandbox_module.RUNC_STATE) / "bundles"
+    assert not list(bundles.glob(f"{prefix}*"))

@@ -386,6 +386,11 @@ class JobService:
             _unmount_left(record.name, job_dir)
             with contextlib.suppress(Exception):
                 spec = parse_request(record.request, validate=False)
+                from trainport.runners.sandbox import remove_left_containers
+
+                hosts = [job_dir / "hosts" / h for h in spec.hosts]
+                for left in remove_left_containers(hosts):
+                    log.warning("job %s: removed its sandbox %s", record.name, left)
                 roots = [(h, job_dir / "hosts" / h) for h in spec.hosts]
                 model_uri, _ = upload_merged(
                     self.store,

@@ -49,6 +49,7 @@ __all__ = [
     "SandboxRunner",
     "bwrap_options",
     "give_tree",
+    "remove_left_containers",
     "sandbox_problem",
 ]
 
@@ -243,6 +244,28 @@ class RuncProcess(HostProcess):
         shutil.rmtree(self.bundle, ignore_errors=True)
 
 
+def _container_prefix(root: Path) -> str:
+    """What every runc container of the host whose tree is ``root`` is named from."""
+    return f"tp-{hashlib.sha256(str(root).encode()).hexdigest()[:10]}-"
+
+
+def remove_left_containers(roots: list[Path]) -> list[str]:
+    """Remove the runc containers a dead supervisor left for the hosts whose trees are
+    ``roots`` (stopped already, or killed here), with their cgroups and bundles; their
+    names."""
+    runc = system_tool("runc")
+    if runc is None or os.geteuid() != 0 or not Path(RUNC_STATE).is_dir():
+        return []
+    prefixes = tuple(_container_prefix(root) for root in roots)
+    removed = []
+    for entry in os.listdir(RUNC_STATE):
+        if entry.startswith(prefixes):
+            _delete_container(entry)
+            shutil.rmtree(Path(RUNC_STATE) / "bundles" / entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
 def _cgroup(container: str) -> str:
     return f"/trainport/{container}"
 
@@ -273,8 +296,7 @@ class _RuncStart:
         self.root = root
         self.limits = limits
         self.netns = netns
-        tag = hashlib.sha256(str(root).encode()).hexdigest()[:10]
-        self.container = f"tp-{tag}-{os.getpid()}-{next(_SEQUENCE)}"
+        self.container = f"{_container_prefix(root)}{os.getpid()}-{next(_SEQUENCE)}"
         # Outside the job's tree and TRAINPORT_HOME: runc mounts the root from inside the
         # user namespace, as the job's uid, which must be able to reach it.
         self.bundle = Path(RUNC_STATE) / "bundles" / self.container
