@@ -193,6 +193,13 @@ try:
 except OSError as exc:
     print("refused hostname", type(exc).__name__)
 print("hostname", socket.gethostname())
+# A user namespace of its own, where it would hold every capability again.
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.unshare(0x10000000) == 0:
+    print("WROTE a new user namespace")
+else:
+    print("refused unshare", ctypes.get_errno())
 # A setuid copy of a shell for a local user to run later.
 shutil.copy("/usr/bin/id", "/opt/ml/model/suid-id")
 os.chmod("/opt/ml/model/suid-id", 0o4755)
@@ -207,7 +214,7 @@ def test_uid_0_inside_is_not_the_machines_root(home: Path, service: JobService) 
     out = lines(service, "root-attacks")
     assert record.status == "Completed", (record.failure_reason, out)
     assert not [line for line in out if line.startswith("WROTE")], out
-    assert "hostname algo-1" in out
+    assert "hostname algo-1" in out and "refused unshare 1" in out
     assert "uid 0 mode 0o104755" in out  # it believes it is root with a setuid file...
     assert (
         Path("/proc/sys/kernel/core_pattern").read_text() == before["/proc/sys/kernel/core_pattern"]
