@@ -112,8 +112,8 @@ def check_runnable(spec: JobSpec) -> str:
         job_path = spec.environment.get("PATH", SYSTEM_PATH)
         if "/" not in exe and shutil.which(exe, path=job_path) is None:
             raise ValidationError(
-                f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} is not on the job's PATH "
-                f"({job_path}); give its full path or install it"
+                f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} is not on PATH (the "
+                f"job's: {job_path}); give its full path or install it"
             )
         if exe.startswith("/") and not exe.startswith("/opt/ml/") and not os.access(exe, os.X_OK):
             raise ValidationError(
