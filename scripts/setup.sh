@@ -10,8 +10,9 @@ extras="torch"
 [ "${1:-}" = "--test" ] && extras="torch,test"
 
 # System packages: the sandbox runner's runtimes, runc with tini as its init (as root) and
-# bubblewrap (as a normal user).
-apt_packages="bubblewrap runc tini"
+# bubblewrap (as a normal user); nftables for each job's own network (NAT out, nothing of
+# the machine or of other jobs in).
+apt_packages="bubblewrap runc tini nftables"
 # The tests also need: FUSE (FastFile mode), Chromium (the dashboard, driven by playwright),
 # OpenMPI (MPI jobs; its compiler wrappers and cmake build Horovod, see below).
 [ "${1:-}" = "--test" ] && apt_packages="$apt_packages fuse libfuse2 chromium openmpi-bin libopenmpi-dev cmake g++"

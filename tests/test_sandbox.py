@@ -440,8 +440,8 @@ for host in json.loads(os.environ["SM_HOSTS"]):
 
 
 def test_every_host_name_resolves_under_the_process_runner(home: Path, service: JobService) -> None:
+    from tests.test_multihost import assert_host_addresses
     from trainport.host.script_mode import pack_sourcedir
-    from trainport.jobs.supervisor import host_addresses
     from trainport.runners.process import hosts_namespace_problem
 
     problem = hosts_namespace_problem()
@@ -464,10 +464,10 @@ def test_every_host_name_resolves_under_the_process_runner(home: Path, service: 
     service.create(body, runner="process")
     record = wait_for(service, "resolve")
     assert record.status == "Completed", record.failure_reason
-    addresses = host_addresses("resolve", ("algo-1", "algo-2"))
-    for host in ("algo-1", "algo-2"):
-        log = [line for _, line in service.logs("resolve", host=host)]
-        assert log == [f"algo-1 {addresses['algo-1']}", f"algo-2 {addresses['algo-2']}"]
+    hosts = ("algo-1", "algo-2")
+    seen = [dict(line.split() for _, line in service.logs("resolve", host=h)) for h in hosts]
+    assert seen[0] == seen[1] and sorted(seen[0]) == list(hosts)
+    assert_host_addresses(seen[0], "resolve")  # each host its own address
     assert "algo-1" not in Path("/etc/hosts").read_text()  # the machine's file is untouched
 
 

@@ -49,8 +49,10 @@ EXTENSION_TAGS = {
     "trainport:mpi-options": "extra mpirun options (as sagemaker_mpi_custom_mpi_options)",
     "trainport:gpus-per-host": "K or all: each host's share of the machine's GPUs (default: "
     "an equal split; fewer GPUs than hosts: one each, shared in turn)",
-    "trainport:network": "loopback (default: host k at 127.a.b.(k+1), a block per job) or "
-    "namespaces (root: each host a network namespace on a bridge)",
+    "trainport:network": "namespaces (the default as root, ray aside: each host a network "
+    "namespace on a bridge of the job's own, the outside through NAT, nothing of the machine "
+    "or of other jobs) or loopback (the machine's network, host k at 127.a.b.(k+1), a block "
+    "per job; the default without root)",
     "trainport:host-bandwidth": "with network=namespaces, shape each host's link with tc tbf "
     "to this rate (e.g. 400mbit)",
     "trainport:resources": "instance (default: each host gets its InstanceType's memory, CPUs "

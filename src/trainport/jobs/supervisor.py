@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 
-from trainport.config import Settings, load_settings
+from trainport.config import Settings, container_engine_setting, load_settings
 from trainport.errors import DatabaseError, TrainportError
+from trainport.host import command as commands
 from trainport.host import jobtree, mpi
 from trainport.host.agent import HostPlan
 from trainport.host.artifacts import scratch_dir, upload_merged
@@ -51,8 +52,16 @@ from trainport.jobs.status import (
     goes_back,
 )
 from trainport.placement import HostGroup, LocalHosts
+from trainport.runners import container
 from trainport.runners.api import select_runner
-from trainport.runners.netns import HostNetwork, JobLoopback, netns_problem
+from trainport.runners.netns import (
+    HostNetwork,
+    JobLoopback,
+    NetworkMode,
+    choose_network,
+    firewall_problem,
+    netns_problem,
+)
 from trainport.spec import JobSpec, parse_request
 from trainport.store.api import ObjectStore, open_store
 
@@ -86,6 +95,79 @@ def host_addresses(job: str, hosts: tuple[str, ...]) -> dict[str, str]:
 
 def _loopback(offset: int) -> str:
     return f"127.{offset >> 16 & 255}.{offset >> 8 & 255}.{offset & 255}"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobNetwork:
+    """The network the job's hosts run in: each host's address, the namespaces made for
+    them (None: the machine's network), and what the submitter is told about it."""
+
+    addresses: dict[str, str]
+    made: HostNetwork | JobLoopback | None = None
+    note: str | None = None
+
+    @property
+    def interface(self) -> str:
+        return "eth0" if isinstance(self.made, HostNetwork) else "lo"
+
+    def namespace(self, host: str) -> str | None:
+        """The network namespace ``host`` runs in, if not the machine's."""
+        if isinstance(self.made, HostNetwork):
+            return self.made.hosts[host].namespace
+        return self.made.namespace if self.made is not None else None
+
+    def teardown(self) -> None:
+        if self.made is not None:
+            self.made.teardown()
+
+
+def _network_mode(runner: str, spec: JobSpec) -> tuple[NetworkMode, str | None]:
+    if runner == "ray":  # asks the machine nothing
+        return NetworkMode.MACHINE, None
+    return choose_network(
+        runner=runner,
+        tag=spec.tags.get("trainport:network"),
+        isolated=spec.network_isolation,
+        netns=netns_problem(),
+        firewall=firewall_problem(),
+        docker=_in_docker(spec),
+    )
+
+
+def _in_docker(spec: JobSpec) -> bool:
+    """Whether the job's image will run in docker, which joins no namespace of ours."""
+    if not spec.training_image or commands.image_dir(spec) is not None:
+        return False
+    try:
+        engine = container.find_engine(container_engine_setting())
+        if engine is None or container.engine_kind(engine) != "docker":
+            return False
+        return commands.container_engine(spec) is not None
+    except TrainportError:
+        return False  # the host says why when it runs the job
+
+
+def _make_network(name: str, runner: str, spec: JobSpec) -> JobNetwork:
+    """The job's network, made; a TrainportError if it cannot be."""
+    hosts = spec.hosts
+    mode, why = _network_mode(runner, spec)
+    if mode is NetworkMode.BRIDGE:
+        bandwidth = spec.tags.get("trainport:host-bandwidth")
+        bridge = HostNetwork(name, hosts, bandwidth, isolated=spec.network_isolation)
+        bridge.__enter__()
+        return JobNetwork({h: bridge.hosts[h].address for h in hosts}, bridge)
+    addresses = host_addresses(name, hosts)
+    if mode is NetworkMode.LOOPBACK:
+        # An isolated job's hosts get a loopback of their own instead of the machine's
+        # (without root, see HostAgent's note).
+        loopback = JobLoopback(name)
+        loopback.__enter__()
+        return JobNetwork(addresses, loopback)
+    note = None
+    if why and len(hosts) > 1:
+        note = f"the hosts share this machine's network: {why}"
+        log.warning("job %s: %s", name, note)
+    return JobNetwork(addresses, None, note)
 
 
 def _host_outcome(finished: Finished, host: str, multi: bool) -> Finished:
@@ -136,32 +218,17 @@ def supervise(name: str, settings: Settings) -> int:
     signal.signal(signal.SIGUSR1, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    hosts = spec.hosts
-    network: HostNetwork | JobLoopback | None = None
-    addresses = host_addresses(name, hosts)
     try:
-        if record.runner == "ray":
-            pass  # each host has a node and a network of its own
-        elif spec.tags.get("trainport:network") == "namespaces":
-            bandwidth = spec.tags.get("trainport:host-bandwidth")
-            network = HostNetwork(name, hosts, bandwidth, isolated=spec.network_isolation)
-            network.__enter__()
-            addresses = {h: network.hosts[h].address for h in hosts}
-        elif spec.network_isolation and netns_problem() is None:
-            # Loopback-mode hosts share the machine's network; an isolated job's hosts get
-            # a loopback of their own instead (without root, see HostAgent's note).
-            network = JobLoopback(name)
-            network.__enter__()
+        network = _make_network(name, record.runner, spec)
     except TrainportError as exc:
         failed = Finished(None, f"ClientError: cannot make the hosts' network: {exc}")
         db.update(name, lambda r: advance(r, failed, time.time()))
         return 1
     try:
         return _run_hosts(db, name, record, spec, settings, grace, terminate_signal,
-                          addresses, network)  # fmt: skip
+                          network)  # fmt: skip
     finally:
-        if network is not None:
-            network.teardown()
+        network.teardown()
 
 
 def _run_hosts(
@@ -172,8 +239,7 @@ def _run_hosts(
     settings: Settings,
     grace: float,
     terminate_signal: threading.Event,
-    addresses: dict[str, str],
-    network: HostNetwork | JobLoopback | None,
+    network: JobNetwork,
 ) -> int:
     hosts = spec.hosts
     multi = len(hosts) > 1
@@ -237,8 +303,8 @@ def _run_hosts(
         outcomes.clear()
         model_uris.clear()
         ran = _attempt(
-            db, name, record, spec, settings, store, grace, terminate_signal, addresses,
-            network, deadline, apply, outcomes, on_started,
+            db, name, record, spec, settings, store, grace, terminate_signal, network,
+            deadline, apply, outcomes, on_started,
         )  # fmt: skip
         if ran is None:
             return 1
@@ -259,8 +325,7 @@ def _run_hosts(
             emit(Phase("Starting", message))
             continue
         break
-    if network is not None:
-        network.teardown()  # before the job is marked ended: an ended job holds nothing
+    network.teardown()  # before the job is marked ended: an ended job holds nothing
     finished = (
         _host_outcome(outcomes[failed_host], failed_host, multi)
         if failed_host
@@ -316,8 +381,7 @@ def _attempt(
     store: ObjectStore,
     grace: float,
     terminate_signal: threading.Event,
-    addresses: dict[str, str],
-    network: HostNetwork | JobLoopback | None,
+    network: JobNetwork,
     deadline: float,
     apply: Callable[[HostEvent], None],
     outcomes: Mapping[str, Finished],
@@ -338,10 +402,11 @@ def _attempt(
             host,
             hosts,
             settings.jobs_dir / name,
-            addresses=addresses,
+            addresses=network.addresses,
             upload_artifacts=not multi,
-            network_interface="eth0" if isinstance(network, HostNetwork) else "lo",
-            netns=_namespace(network, host),
+            network_interface=network.interface,
+            netns=network.namespace(host),
+            network_note=network.note,
             mpi_board=board,
         )
         for host in hosts
@@ -424,13 +489,6 @@ def _place(
     runner = select_runner(record.runner, verified=True)
     # The hosts record their process groups as they start them (see LocalHosts._report).
     return LocalHosts(plans, store=store, runner=runner, settings=settings, on_started=on_started)
-
-
-def _namespace(network: HostNetwork | JobLoopback | None, host: str) -> str | None:
-    """The network namespace ``host`` runs in, if not the machine's."""
-    if isinstance(network, HostNetwork):
-        return network.hosts[host].namespace
-    return network.namespace if network is not None else None
 
 
 def _overrun(spec: JobSpec) -> StopRequested:

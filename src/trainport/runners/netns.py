@@ -29,6 +29,7 @@ the last three running at once.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import ipaddress
@@ -75,12 +76,14 @@ def parse_bandwidth(value: str) -> str:
 
 
 def netns_problem() -> str | None:
+    """Why network namespaces for a job's hosts cannot be made here, or None. (Asked on
+    every job's start: it starts no process.)"""
     if os.geteuid() != 0:
         return "network namespaces for hosts need root"
-    try:
-        subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, timeout=10)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"'ip netns' does not work here: {exc}"
+    if not shutil.which("ip"):
+        return "'ip' (iproute2) is not installed"
+    if not os.path.exists("/proc/self/ns/net"):
+        return "this kernel has no network namespaces"
     return None
 
 
@@ -134,6 +137,11 @@ class NamespaceHost:
     namespace: str
     address: str
 
+    @property
+    def k(self) -> int:
+        """The host's number: k of algo-k."""
+        return int(self.host.rsplit("-", 1)[1])
+
 
 def _ip(*args: str) -> None:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
@@ -141,30 +149,37 @@ def _ip(*args: str) -> None:
         raise SandboxError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
 
 
-def _start(argv: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def _start(argv: list[str], lines: list[str] | tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """``argv`` started with ``lines`` on its standard input (a few KiB at most: it is
+    written whole before anything is read back)."""
+    popen = subprocess.Popen(
         argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+    if popen.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            popen.stdin.write("".join(f"{line}\n" for line in lines))
+            popen.stdin.close()
+    return popen
 
 
-def _finish(popen: subprocess.Popen[str], commands: str = "") -> tuple[int, str]:
-    """Feed ``commands`` to a started process and wait: (exit code, its stderr)."""
-    try:
-        _, err = popen.communicate(commands, timeout=30)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        _, err = popen.communicate()
-    return popen.returncode, err.strip()
+def _finish(popen: subprocess.Popen[str]) -> tuple[int, str]:
+    """Wait for a started process: (exit code, its standard error)."""
+    # No timeout: one makes the wait poll in sleeps, milliseconds on each call, and these
+    # commands only talk to the kernel.
+    err = popen.stderr.read() if popen.stderr is not None else ""
+    if popen.stderr is not None:
+        popen.stderr.close()
+    return popen.wait(), err.strip()
 
 
-def _batch(argv: list[str], commands: list[str]) -> None:
-    """``commands`` run by one ``ip -batch``/``nft -f`` process (``argv``); an error naming
+def _batch(argv: list[str], lines: list[str]) -> None:
+    """``lines`` run by one ``ip -batch``/``nft -f`` process (``argv``); an error naming
     the command that failed if one did."""
-    code, err = _finish(_start(argv), "".join(f"{c}\n" for c in commands))
+    code, err = _finish(_start(argv, lines))
     if code != 0:
         raise SandboxError(f"{' '.join(argv)} failed: {err}")
 
@@ -233,18 +248,21 @@ def network_tag(job: str, supervisor_pid: int) -> str:
 # trainport's one nftables table. Each running job's bridge is an element of ``own``
 # (traffic between its own hosts: br_netfilter, where loaded, shows bridged packets to the
 # forward chain as going from the bridge to itself) and, unless the job is isolated, of
-# ``routed`` (forwarded out to the machine's other interfaces and masqueraded).
+# ``routed`` (forwarded out to the machine's other interfaces and masqueraded). The sets'
+# names carry the rules' version: change the rules, bump it (keeping the chains' names),
+# and the first job after an upgrade writes the new rules over the old.
 TABLE = "inet trainport"
+_OWN, _ROUTED = "own_v1", "routed_v1"
 _RULES = (
     f"add table {TABLE}",
-    f"add set {TABLE} routed {{ type ifname; }}",
-    f"add set {TABLE} own {{ type ifname . ifname; }}",
+    f"add set {TABLE} {_ROUTED} {{ type ifname; }}",
+    f"add set {TABLE} {_OWN} {{ type ifname . ifname; }}",
     f"add chain {TABLE} input {{ type filter hook input priority filter; policy accept; }}",
     f"add chain {TABLE} forward {{ type filter hook forward priority filter; policy accept; }}",
     f"add chain {TABLE} postrouting "
     "{ type nat hook postrouting priority srcnat; policy accept; }",
-    # Written whole each time, in the same transaction as the job's elements: idempotent,
-    # and no moment without them for the jobs already running.
+    # Written whole, in one transaction with the job's elements: no moment without the
+    # rules for the jobs already running.
     f"flush chain {TABLE} input",
     f"flush chain {TABLE} forward",
     f"flush chain {TABLE} postrouting",
@@ -252,41 +270,46 @@ _RULES = (
     # listens on 0.0.0.0 would), bar replies to connections the machine opened.
     f'add rule {TABLE} input iifname "tpb*" ct state established,related accept',
     f'add rule {TABLE} input iifname "tpb*" drop',
-    f"add rule {TABLE} forward iifname . oifname @own accept",
+    f"add rule {TABLE} forward iifname . oifname @{_OWN} accept",
     f'add rule {TABLE} forward iifname "tpb*" oifname "tpb*" drop',
     # A port the machine forwards elsewhere (DNAT) is one of the machine's services too.
     f'add rule {TABLE} forward iifname "tpb*" ct status dnat drop',
-    f"add rule {TABLE} forward iifname @routed accept",
+    f"add rule {TABLE} forward iifname @{_ROUTED} accept",
     f'add rule {TABLE} forward oifname "tpb*" ct state established,related accept',
     f'add rule {TABLE} forward iifname "tpb*" drop',
     f'add rule {TABLE} forward oifname "tpb*" drop',
-    f'add rule {TABLE} postrouting iifname @routed oifname != "tpb*" masquerade',
+    f'add rule {TABLE} postrouting iifname @{_ROUTED} oifname != "tpb*" masquerade',
 )
 
 
 def _elements(bridge: str) -> tuple[str, str]:
     return (
-        f'element {TABLE} own {{ "{bridge}" . "{bridge}" }}',
-        f'element {TABLE} routed {{ "{bridge}" }}',
+        f'element {TABLE} {_OWN} {{ "{bridge}" . "{bridge}" }}',
+        f'element {TABLE} {_ROUTED} {{ "{bridge}" }}',
     )
+
+
+def _mine(bridge: str, routed: bool) -> list[str]:
+    own, out = _elements(bridge)
+    return [f"add {own}", *([f"add {out}"] if routed else [])]
 
 
 def _remove(tag: str, namespaces: list[str]) -> None:
     """Remove a job's namespaces, bridge and set elements; what is already gone is skipped."""
-    ip = _start(["ip", "-force", "-batch", "-"])
-    nft = _start(["nft", "-f", "-"]) if shutil.which("nft") else None
     lines = [f"netns del {ns}" for ns in namespaces] + [f"link del tpb{tag}"]
-    _, err = _finish(ip, "".join(f"{line}\n" for line in lines))
-    if err:
-        log.debug("removing the network of %s: %s", tag, err)
-    if nft is not None:
+    ip = _start(["ip", "-force", "-batch", "-"], lines)
+    nft = None
+    if shutil.which("nft"):
         # Adding an element that is there does nothing, so add-then-delete removes it
         # whether or not it was there, in one transaction.
         elements = _elements(f"tpb{tag}")
         script = [f"add {e}" for e in elements] + [f"delete {e}" for e in elements]
-        code, err = _finish(nft, "".join(f"{line}\n" for line in script))
-        if code != 0:  # no table: no element to remove
-            log.debug("removing the firewall elements of %s: %s", tag, err)
+        nft = _start(["nft", "-f", "-"], script)
+    _, err = _finish(ip)
+    if err:
+        log.debug("removing the network of %s: %s", tag, err)
+    if nft is not None and (done := _finish(nft))[0] != 0:  # no table: nothing to remove
+        log.debug("removing the firewall elements of %s: %s", tag, done[1])
 
 
 def remove_left(job: str, supervisor_pid: int) -> list[str]:
@@ -360,16 +383,17 @@ def resolver_problem(resolv_conf: Path = Path("/etc/resolv.conf")) -> str | None
     return None
 
 
-# Each namespace's own settings (the shell prints the path of each it could not set).
-# Unprivileged ports from 0: the job runs as an unprivileged user, and binds low ports as
-# it could on SageMaker. TCP congestion control: see CONGESTION_CONTROL. RPS: see
-# keep_in_order.
-_INSIDE = (
-    'w() { { echo "$2" > "$1"; } 2> /dev/null || echo "$1" >&2; }; '
-    "w /proc/sys/net/ipv4/ip_unprivileged_port_start 0; "
-    "w /proc/sys/net/ipv4/tcp_congestion_control {cc}; "
-    "w /sys/class/net/eth0/queues/rx-0/rps_cpus {mask}"
-)
+def _inside_settings(cpu: int | None) -> str:
+    """A shell script that makes a namespace's own settings, printing the path of each
+    it could not make. Unprivileged ports from 0: the job runs as an unprivileged user and
+    binds low ports as it could on SageMaker. For a host on a bridge (its CPU given), TCP
+    congestion control (see CONGESTION_CONTROL) and RPS on its eth0 (see keep_in_order)."""
+    settings = {"/proc/sys/net/ipv4/ip_unprivileged_port_start": "0"}
+    if cpu is not None:
+        settings["/proc/sys/net/ipv4/tcp_congestion_control"] = CONGESTION_CONTROL
+        settings["/sys/class/net/eth0/queues/rx-0/rps_cpus"] = _rps_mask(cpu)
+    writes = "".join(f"w {path} {value}; " for path, value in settings.items())
+    return 'w() { { echo "$2" > "$1"; } 2> /dev/null || echo "$1" >&2; }; ' + writes
 
 
 class HostNetwork:
@@ -414,6 +438,9 @@ class HostNetwork:
         if routed and firewall:
             raise SandboxError(f"a job's hosts reach the outside through NAT, but {firewall}")
         self._made = True
+        # The job's elements first, meanwhile: the rules match interfaces by name.
+        mine = _mine(self.bridge, routed)
+        nft = _start(["nft", "-f", "-"], mine) if firewall is None else None
         gateway = f"{self.subnet}.1"
         # No IPv6 address of the machine's on the bridge or its ports, and for an isolated
         # job no IPv4 one either: a host could reach the machine through it.
@@ -432,39 +459,30 @@ class HostNetwork:
                 f"link set {outside} addrgenmode none master {self.bridge} up",
             ]
         _batch(["ip", "-batch", "-"], machine)
+        inside = []
+        for nh in self.hosts.values():
+            lines = ["link set lo up", f"addr add {nh.address}/24 dev eth0", "link set eth0 up"]
+            if routed:
+                lines.append(f"route add default via {gateway}")
+            inside.append(_start(["ip", "-n", nh.namespace, "-batch", "-"], lines))
+        settings = [
+            _start(["ip", "netns", "exec", nh.namespace, "sh", "-c", _inside_settings(nh.k)])
+            for nh in self.hosts.values()
+        ]
         if routed:
             _forward_ipv4()
-        running = []
         for nh in self.hosts.values():
-            inside = ["link set lo up", f"addr add {nh.address}/24 dev eth0", "link set eth0 up"]
-            if routed:
-                inside.append(f"route add default via {gateway}")
-            k = int(nh.namespace.rsplit("-", 1)[1])
-            settings = _INSIDE.format(cc=CONGESTION_CONTROL, mask=_rps_mask(k))
-            running += [
-                (["ip", "-n", nh.namespace, "-batch", "-"], inside),
-                (["ip", "netns", "exec", nh.namespace, "sh", "-c", settings], []),
-            ]
-        if firewall is None:
-            elements = _elements(self.bridge)
-            mine = [f"add {elements[0]}", *([f"add {elements[1]}"] if routed else [])]
-            running.append((["nft", "-f", "-"], [*_RULES, *mine]))
-        started = [(argv, _start(argv), lines) for argv, lines in running]
-        refused: set[str] = set()
-        failed = []
-        for argv, popen, lines in started:
-            code, err = _finish(popen, "".join(f"{line}\n" for line in lines))
-            if argv[-2:] == ["-c", argv[-1]] and argv[-3] == "sh":
-                refused.update(err.split())  # best effort: the settings it could not make
-            elif code != 0:
-                failed.append(f"{' '.join(argv[:4])}: {err}")
-        if failed:
-            raise SandboxError("; ".join(failed))
-        for nh in self.hosts.values():
-            k = int(nh.namespace.rsplit("-", 1)[1])
-            if problem := keep_in_order(self._outside(nh), k):
+            if problem := keep_in_order(self._outside(nh), nh.k):  # best effort
                 log.debug("could not steer %s to one CPU: %s", self._outside(nh), problem)
-            if self.bandwidth:
+        failed = [err for code, err in map(_finish, inside) if code != 0]
+        if failed:
+            raise SandboxError(f"ip -n NAMESPACE -batch failed: {'; '.join(failed)}")
+        refused = {path for popen in settings for path in _finish(popen)[1].split()}
+        if nft is not None and _finish(nft)[0] != 0:
+            # No table yet, or one of other rules: all of it, in one transaction.
+            _batch(["nft", "-f", "-"], [*_RULES, *mine])
+        if self.bandwidth:
+            for nh in self.hosts.values():
                 _tbf(self._outside(nh), rate=self.bandwidth)  # traffic into the host
                 _tbf("eth0", rate=self.bandwidth, netns=nh.namespace)  # traffic out of it
         self._say(refused)
@@ -477,7 +495,7 @@ class HostNetwork:
         )
 
     def _outside(self, nh: NamespaceHost) -> str:
-        return f"tpv{self.tag}{nh.namespace.rsplit('-', 1)[1]}"
+        return f"tpv{self.tag}{nh.k}"
 
     def _say(self, refused: set[str]) -> None:
         if any(p.endswith("tcp_congestion_control") for p in refused):
@@ -530,7 +548,12 @@ class JobLoopback:
     def __enter__(self) -> JobLoopback:
         try:
             _ip("netns", "add", self.namespace)
+            settings = _start(
+                ["ip", "netns", "exec", self.namespace, "sh", "-c", _inside_settings(None)]
+            )
             _ip("-n", self.namespace, "link", "set", "lo", "up")
+            if refused := _finish(settings)[1]:  # best effort
+                log.info("the hosts' ports below 1024 stay privileged: %s", refused)
         except BaseException:
             self.teardown()
             raise
