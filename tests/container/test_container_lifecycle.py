@@ -267,6 +267,8 @@ def test_reconcile_removes_the_container_and_network_of_a_killed_supervisor(
     tag = network_tag("orphan-box", supervisor[0])
     namespace, bridge = f"tp-{tag}-1", Path(f"/sys/class/net/tpb{tag}")  # algo-1's, the job's
     assert namespace in namespaces() and bridge.exists()
+    rules = subprocess.run(["nft", "list", "table", "inet", "trainport"], capture_output=True)
+    assert bridge.name in rules.stdout.decode()
     os.kill(supervisor[0], signal.SIGKILL)
     wait_until(lambda: not liveness.is_alive(supervisor), what="the supervisor's end")
     assert containers_of("orphan-box")  # the engine keeps it running without its client
@@ -276,6 +278,8 @@ def test_reconcile_removes_the_container_and_network_of_a_killed_supervisor(
     assert "supervisor" in (record.failure_reason or "")
     assert containers_of("orphan-box") == []
     assert namespace not in namespaces() and not bridge.exists()
+    rules = subprocess.run(["nft", "list", "table", "inet", "trainport"], capture_output=True)
+    assert bridge.name not in rules.stdout.decode()  # its firewall elements too
 
 
 # -- MaxRuntimeInSeconds -------------------------------------------------------------------

@@ -349,14 +349,11 @@ def _free_subnet(digest: int) -> str:
     """A 10.a.b.0/24 for a job's hosts that no route of the machine's overlaps (another
     job's bridge, a network the machine is on), chosen from ``digest``."""
     taken = _routed_prefixes()
-    first = None
-    for step in range(64):
-        prefix = f"10.{100 + (digest + step) % 150}.{((digest >> 8) + step) % 256}"
-        first = first or prefix
+    tries = [f"10.{100 + (digest + i) % 150}.{((digest >> 8) + i) % 256}" for i in range(64)]
+    for prefix in tries:
         if not any(ipaddress.IPv4Network(f"{prefix}.0/24").overlaps(t) for t in taken):
             return prefix
-    assert first is not None
-    return first
+    return tries[0]  # 64 taken in a row: not met in practice
 
 
 def resolver_problem(resolv_conf: Path = Path("/etc/resolv.conf")) -> str | None:
@@ -420,6 +417,7 @@ class HostNetwork:
         self.bandwidth = bandwidth
         self.isolated = isolated
         self._made = False
+        self._running: list[subprocess.Popen[str]] = []  # started by setup, not yet waited for
 
     def __enter__(self) -> HostNetwork:
         try:
@@ -440,7 +438,7 @@ class HostNetwork:
         self._made = True
         # The job's elements first, meanwhile: the rules match interfaces by name.
         mine = _mine(self.bridge, routed)
-        nft = _start(["nft", "-f", "-"], mine) if firewall is None else None
+        nft = self._start(["nft", "-f", "-"], mine) if firewall is None else None
         gateway = f"{self.subnet}.1"
         # No IPv6 address of the machine's on the bridge or its ports, and for an isolated
         # job no IPv4 one either: a host could reach the machine through it.
@@ -464,9 +462,9 @@ class HostNetwork:
             lines = ["link set lo up", f"addr add {nh.address}/24 dev eth0", "link set eth0 up"]
             if routed:
                 lines.append(f"route add default via {gateway}")
-            inside.append(_start(["ip", "-n", nh.namespace, "-batch", "-"], lines))
+            inside.append(self._start(["ip", "-n", nh.namespace, "-batch", "-"], lines))
         settings = [
-            _start(["ip", "netns", "exec", nh.namespace, "sh", "-c", _inside_settings(nh.k)])
+            self._start(["ip", "netns", "exec", nh.namespace, "sh", "-c", _inside_settings(nh.k)])
             for nh in self.hosts.values()
         ]
         if routed:
@@ -494,6 +492,11 @@ class HostNetwork:
             self.hosts,
         )
 
+    def _start(self, argv: list[str], lines: list[str] | None = None) -> subprocess.Popen[str]:
+        popen = _start(argv, lines or [])
+        self._running.append(popen)
+        return popen
+
     def _outside(self, nh: NamespaceHost) -> str:
         return f"tpv{self.tag}{nh.k}"
 
@@ -518,6 +521,10 @@ class HostNetwork:
         if not self._made:
             return
         self._made = False
+        for popen in self._running:  # a setup that failed halfway: nothing runs after this
+            if popen.poll() is None:
+                _finish(popen)
+        self._running.clear()
         _remove(self.tag, [nh.namespace for nh in self.hosts.values()])
 
     def wrap(self, host: str, argv: tuple[str, ...]) -> tuple[str, ...]:
@@ -529,9 +536,12 @@ def _forward_ipv4() -> None:
     """Turn on IPv4 forwarding, which NAT for the hosts needs (left on: other jobs, or
     the machine's own containers, may need it too)."""
     path = Path("/proc/sys/net/ipv4/ip_forward")
-    if path.read_text().strip() != "1":
-        path.write_text("1\n")
-        log.info("turned on IPv4 forwarding (net.ipv4.ip_forward=1) for the jobs' NAT")
+    try:
+        if path.read_text().strip() != "1":
+            path.write_text("1\n")
+            log.info("turned on IPv4 forwarding (net.ipv4.ip_forward=1) for the jobs' NAT")
+    except OSError as exc:
+        raise SandboxError(f"cannot turn on IPv4 forwarding for the hosts' NAT: {exc}") from exc
 
 
 class JobLoopback:
@@ -548,11 +558,9 @@ class JobLoopback:
     def __enter__(self) -> JobLoopback:
         try:
             _ip("netns", "add", self.namespace)
-            settings = _start(
-                ["ip", "netns", "exec", self.namespace, "sh", "-c", _inside_settings(None)]
-            )
             _ip("-n", self.namespace, "link", "set", "lo", "up")
-            if refused := _finish(settings)[1]:  # best effort
+            settings = ["ip", "netns", "exec", self.namespace, "sh", "-c", _inside_settings(None)]
+            if refused := _finish(_start(settings))[1]:  # best effort
                 log.info("the hosts' ports below 1024 stay privileged: %s", refused)
         except BaseException:
             self.teardown()
