@@ -384,3 +384,15 @@ def test_reconcile_removes_a_killed_supervisors_sandbox(home: Path, service: Job
     assert containers() == []
     bundles = Path(sandbox_module.RUNC_STATE) / "bundles"
     assert not list(bundles.glob(f"{prefix}*"))
+
+
+def test_sys_names_only_the_hosts_own_interfaces(service: JobService) -> None:
+    code = (
+        "import os\nprint('net', sorted(os.listdir('/sys/class/net')))\n"
+        "print('virtual', sorted(os.listdir('/sys/devices/virtual/net')))\n"
+    )
+    service.create(sandboxed("sys-net", code))
+    record = wait_for(service, "sys-net")
+    out = lines(service, "sys-net")
+    assert record.status == "Completed", (record.failure_reason, out)
+    assert "net ['eth0', 'lo']" in out and "virtual ['eth0', 'lo']" in out, out

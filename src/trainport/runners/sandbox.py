@@ -280,6 +280,39 @@ def _delete_container(container: str) -> None:
     )
 
 
+# The network part of /sys (interfaces, their queues) from a sysfs mounted inside the
+# host's namespace, over the machine's, in a mount namespace of runc's own: the /sys the
+# job is shown then names its host's interfaces only. The rest of /sys (and the cgroup
+# mounts runc needs) stays.
+_NET_SYSFS = """set -e
+view=$(mktemp -d /run/trainport-runc/sysfs.XXXXXX)
+mount -t sysfs sysfs "$view"
+mount --bind "$view/class/net" /sys/class/net
+mount --bind "$view/devices/virtual/net" /sys/devices/virtual/net
+umount -l "$view"
+rmdir "$view"
+exec "$@"
+"""
+
+
+def _in_netns(netns: str) -> list[str]:
+    """The prefix that starts runc in ``netns`` with that namespace's view of /sys."""
+    return [
+        system_tool("nsenter") or "nsenter",
+        f"--net=/run/netns/{netns}",
+        "--",
+        system_tool("unshare") or "unshare",
+        "--mount",
+        "--propagation",
+        "slave",
+        "--",
+        system_tool("sh") or "/bin/sh",
+        "-c",
+        _NET_SYSFS,
+        "sh",
+    ]
+
+
 class _RuncStart:
     """One container's bundle and start (the edge of :func:`oci_config`)."""
 
@@ -336,6 +369,8 @@ class _RuncStart:
         runc = system_tool("runc") or "runc"
         argv = [runc, "--root", RUNC_STATE, "run", "--keep", "--bundle", str(self.bundle)]
         argv += ["--pid-file", str(pid_file), self.container]
+        if self.netns:
+            argv = [*_in_netns(self.netns), *argv]
         popen = subprocess.Popen(
             argv,
             env=LAUNCHER_ENV,
