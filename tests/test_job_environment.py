@@ -8,6 +8,7 @@ what the process that started it had.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from tests.conftest import python_job, require, wait_for
 from trainport.config import RoleCredentials, load_settings
 from trainport.errors import ValidationError
-from trainport.host.jobenv import SYSTEM_PATH, job_environment, role_environment
+from trainport.host.jobenv import SYSTEM_PATH, job_environment, job_path, role_environment
 from trainport.jobs.service import JobService
 from trainport.runners.sandbox import sandbox_problem
 
@@ -102,7 +103,8 @@ def test_a_job_sees_nothing_of_its_starters_environment(
     strangers = set(env) - BASE - CONTRACT - SHELL - {"MINE"}
     assert not strangers, {k: env[k] for k in strangers}
     assert env["MINE"] == "the request's" and env["TRAINING_JOB_NAME"] == f"env-{runner}"
-    assert env["PATH"] == SYSTEM_PATH and env["LANG"] == "C.UTF-8"
+    assert env["PATH"] == job_path() and env["LANG"] == "C.UTF-8"
+    assert job_path() == f"{os.path.dirname(sys.executable)}:{SYSTEM_PATH}"
     # HOME is the job's own and writable, never the starter's.
     assert env["HOME"] != "/home/operator"
     if runner == "sandbox":
@@ -137,8 +139,12 @@ def test_an_unmapped_role_gets_no_credentials(home: Path, leaky: None) -> None:
 
 def test_the_requests_own_keys_win_over_its_roles_as_a_set() -> None:
     role = RoleCredentials(
-        (("AWS_ACCESS_KEY_ID", "ROLE"), ("AWS_SECRET_ACCESS_KEY", "r"), ("AWS_SESSION_TOKEN", "t"))
-        + (("AWS_DEFAULT_REGION", "us-west-2"),)
+        (
+            ("AWS_ACCESS_KEY_ID", "ROLE"),
+            ("AWS_SECRET_ACCESS_KEY", "r"),
+            ("AWS_SESSION_TOKEN", "t"),
+            ("AWS_DEFAULT_REGION", "us-west-2"),
+        )
     )
     mine = {"AWS_ACCESS_KEY_ID": "MINE", "AWS_SECRET_ACCESS_KEY": "m"}
     env = job_environment(request=mine, home="/root", interface="lo", credentials=role)

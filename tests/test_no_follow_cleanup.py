@@ -145,9 +145,7 @@ def test_archives_hold_links_as_links(tmp_path: Path, outside: Path) -> None:
         assert tar.getnames() == []
 
 
-def test_a_file_swapped_for_a_link_after_listing_is_not_read(
-    tmp_path: Path, outside: Path
-) -> None:
+def test_a_file_swapped_for_a_link_after_listing_is_not_read(tmp_path: Path, outside: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
     (model / "w.bin").write_text("mine")

@@ -386,6 +386,7 @@ class HostAgent:
             home=self._home(base_dir),
             interface=self.plan.network_interface,
             credentials=self._role_credentials(),
+            path=jobenv.job_path(),
         )
         env["TRAINING_JOB_NAME"] = spec.name
         env["TRAINING_JOB_ARN"] = self.plan.arn

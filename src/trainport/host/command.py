@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainport.errors import ValidationError
-from trainport.host.jobenv import SYSTEM_PATH
+from trainport.host import jobenv
 from trainport.runners.container import (
     LABEL_JOB,
     LABEL_JOB_DIR,
@@ -109,7 +109,7 @@ def check_runnable(spec: JobSpec) -> str:
     if spec.entrypoint:
         exe = spec.entrypoint[0]
         # Found as the job will find it: on its own PATH, not this process's.
-        job_path = spec.environment.get("PATH", SYSTEM_PATH)
+        job_path = spec.environment.get("PATH") or jobenv.job_path()
         if "/" not in exe and shutil.which(exe, path=job_path) is None:
             raise ValidationError(
                 f"AlgorithmSpecification.ContainerEntrypoint: {exe!r} is not on PATH (the "

@@ -5,8 +5,9 @@ what a job must not get: cloud keys (the server's own among them), proxies, pack
 settings, the virtual environment it runs in, SageMaker SDK settings. A job's processes get
 only
 
-- a fixed base: the system's ``PATH``, a UTF-8 locale, a ``HOME`` and ``TMPDIR`` of the
-  job's own, unbuffered Python output, and the interface the collective libraries bind to;
+- a fixed base: ``PATH`` (:func:`job_path`), a UTF-8 locale, a ``HOME`` and ``TMPDIR`` of
+  the job's own, unbuffered Python output, and the interface the collective libraries bind
+  to;
 - the credentials of the job's role, where the operator maps it (see
   :func:`trainport.config.load_role_credentials`), as SageMaker hands a role's credentials
   to its jobs;
@@ -18,17 +19,33 @@ only
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 
 from trainport.config import RoleCredentials
 
-__all__ = ["CREDENTIAL_VARIABLES", "SYSTEM_PATH", "job_environment", "role_environment"]
+__all__ = [
+    "CREDENTIAL_VARIABLES",
+    "SYSTEM_PATH",
+    "job_environment",
+    "job_path",
+    "role_environment",
+]
 
-# The system's standard folders; script mode puts the job's interpreter before them.
+# The system's standard folders.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LOCALE = "C.UTF-8"
 # One set of keys: a request that brings any of them brings its own credentials.
 CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def job_path() -> str:
+    """A job's PATH: the folder of the interpreter trainport runs (as a framework
+    container's own Python comes first on its PATH: ``python3`` is the one with the
+    machine's training packages, on a Ray node that node's), then the system's folders.
+    Script mode puts the job's own interpreter (a requirements environment) before both."""
+    return os.pathsep.join([os.path.dirname(sys.executable), SYSTEM_PATH])
 
 
 def role_environment(
@@ -56,11 +73,12 @@ def job_environment(
     interface: str,
     credentials: RoleCredentials | None = None,
     tmpdir: str = "/tmp",
+    path: str = SYSTEM_PATH,
 ) -> dict[str, str]:
     """The environment of a job's training command before the contract's variables: the
     fixed base, the role's credentials and the request's ``Environment``, nothing else."""
     env = {
-        "PATH": SYSTEM_PATH,
+        "PATH": path,
         "LANG": LOCALE,
         "HOME": home,
         "TMPDIR": tmpdir,
