@@ -102,7 +102,7 @@ def test_one_isolated_host_in_docker_reaches_nothing(
 # by name (its address in the job's /etc/hosts).
 TWO_HOSTS = """
 if [ "$(hostname)" = algo-1 ]; then
-  nc -l -p "$PORT" > /opt/ml/model/got; echo "algo-1 got: $(cat /opt/ml/model/got)"
+  nc -l -p "$PORT" -e sh -c 'cat > /opt/ml/model/got'; echo "algo-1 got: $(cat /opt/ml/model/got)"
 else
   until echo "hello from $(hostname)" | nc algo-1 "$PORT"; do sleep 0.2; done
 fi
