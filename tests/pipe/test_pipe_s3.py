@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,11 +84,20 @@ def test_pipe_from_s3_names_an_object_deleted_after_listing(store: S3Store, tmp_
     put_objects(store, "gone", [1000, 1000])
     data_dir = tmp_path / "data"
     errors: list[str] = []
+    listed = store.list_objects
+
+    def list_then_delete(bucket: str, prefix: str) -> Any:
+        # The object goes right after the listing names it, before anything can fetch it:
+        # the test decides the order, not the read-ahead's timing.
+        found = listed(bucket, prefix)
+        store.delete(BUCKET, "gone/obj001")
+        return found
+
+    store.list_objects = list_then_delete  # type: ignore[method-assign]
     server = serve_channel(
         store, channel(uri=f"s3://{BUCKET}/gone/"), data_dir, on_error=errors.append
     )
     try:
-        store.delete(BUCKET, "gone/obj001")
         read_fifo(data_dir / "train_0")
     finally:
         server.close()
