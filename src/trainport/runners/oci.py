@@ -12,7 +12,8 @@ and ``/dev``'s standard nodes and links runc makes itself when ``/dev`` is a tmp
 
 The command runs under ``tini`` as the PID namespace's init: a training script as PID 1
 would ignore SIGTERM (the kernel drops signals PID 1 has no handler for), and nothing
-would reap what it leaves behind.
+would reap what it leaves behind. tini also ends the container when ``runc run`` dies:
+runc keeps a container running after its client is gone.
 """
 
 from __future__ import annotations
@@ -209,7 +210,9 @@ def oci_config(
         "process": {
             "terminal": False,
             "user": {"uid": plan.uid, "gid": plan.uid},
-            "args": [init, "-g", "--", *plan.argv],
+            # -p: the container ends with its runc (a Ray worker or a supervisor killed
+            # takes its host down, as a process runner's job would go with it).
+            "args": [init, "-p", "SIGKILL", "-g", "--", *plan.argv],
             "env": [f"{k}={v}" for k, v in plan.env.items()],
             "cwd": plan.cwd,
             "noNewPrivileges": plan.no_new_privs,
