@@ -396,3 +396,44 @@ def test_sys_names_only_the_hosts_own_interfaces(service: JobService) -> None:
     out = lines(service, "sys-net")
     assert record.status == "Completed", (record.failure_reason, out)
     assert "net ['eth0', 'lo']" in out and "virtual ['eth0', 'lo']" in out, out
+
+
+STARTER = """
+import sys, time
+from pathlib import Path
+from trainport.runners.plan import Mount, MountKind, SandboxPlan
+from trainport.runners.sandbox import _RuncStart
+
+root = Path(sys.argv[1])
+mounts = (Mount(MountKind.RO_BIND, "/usr", "/usr"), Mount(MountKind.PROC, "/proc"),
+          Mount(MountKind.SYMLINK, "/bin", "usr/bin"), Mount(MountKind.SYMLINK, "/lib", "usr/lib"),
+          Mount(MountKind.SYMLINK, "/lib64", "usr/lib64"))
+plan = SandboxPlan(mounts=mounts, argv=("/usr/bin/sleep", "300"), cwd="/", env={})
+process = _RuncStart(plan, root, None, None).start()
+print(process.container, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_sandbox_whose_starter_died_is_swept(tmp_path: Path) -> None:
+    """A starter killed with its runc (a Ray worker, say) leaves the container's state and
+    bundle; the next start anywhere on the machine removes them."""
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "hosts" / "algo-1"
+    root.mkdir(parents=True)
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    assert starter.stdout is not None
+    container = starter.stdout.readline().strip()
+    state = Path(sandbox_module.RUNC_STATE)
+    assert (state / container).is_dir()
+    os.kill(starter.pid, signal.SIGKILL)
+    starter.wait()
+    subprocess.run(["pkill", "-KILL", "-f", f"runc .*{container}"], check=False)
+    assert container in sandbox_module.sweep_orphans()
+    assert not (state / container).exists()
+    assert not (state / "bundles" / container).exists()

@@ -51,6 +51,7 @@ __all__ = [
     "give_tree",
     "remove_left_containers",
     "sandbox_problem",
+    "sweep_orphans",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def _probe(way: str) -> str | None:
         missing = [t for t in ("runc", "tini") if not system_tool(t)]
         if missing:
             return f"{' and '.join(missing)} not installed (apt-get install runc tini)"
-        return _probe_runc()
+        return _probe_runc_once()
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10, env=LAUNCHER_ENV)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -103,6 +104,35 @@ def _probe(way: str) -> str | None:
         why = done.stderr.decode(errors="replace").strip()
         return f"{argv[0]} cannot create a namespace: {why}"
     return None
+
+
+def _probe_key() -> str:
+    """What a successful probe holds for: this boot (kernel, settings) and these binaries."""
+    parts = [Path("/proc/sys/kernel/random/boot_id").read_text().strip()]
+    for tool in ("runc", "tini"):
+        path = system_tool(tool) or tool
+        info = os.stat(path)
+        parts.append(f"{path}:{info.st_size}:{info.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def _probe_runc_once() -> str | None:
+    """The probe's verdict, remembered in runc's state folder (a tmpfs: gone at reboot) once
+    it has passed: every ``trainport`` command asks, and a container costs ~70 ms."""
+    remembered = Path(RUNC_STATE) / "probe-passed"
+    try:
+        key = _probe_key()
+    except OSError:
+        key = ""
+    with contextlib.suppress(OSError):
+        if key and remembered.read_text() == key:
+            return None
+    problem = _probe_runc()
+    if problem is None and key:
+        with contextlib.suppress(OSError):
+            Path(RUNC_STATE).mkdir(mode=0o711, exist_ok=True)
+            remembered.write_text(key)
+    return problem
 
 
 def _probe_runc() -> str | None:
@@ -266,6 +296,38 @@ def remove_left_containers(roots: list[Path]) -> list[str]:
     return removed
 
 
+def sweep_orphans() -> list[str]:
+    """Remove the runc containers whose starter is gone (a supervisor or a Ray worker
+    killed before it could delete them): their names carry the starter's pid."""
+    entries: set[str] = set()
+    for folder in (Path(RUNC_STATE), Path(RUNC_STATE) / "bundles"):
+        with contextlib.suppress(OSError):
+            entries.update(e for e in os.listdir(folder) if e.startswith("tp-"))
+    removed = []
+    for entry in sorted(entries):
+        try:
+            starter = int(entry.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if _alive(starter):
+            continue
+        if (Path(RUNC_STATE) / entry).exists():
+            _delete_container(entry)
+        shutil.rmtree(Path(RUNC_STATE) / "bundles" / entry, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _cgroup(container: str) -> str:
     return f"/trainport/{container}"
 
@@ -335,6 +397,8 @@ class _RuncStart:
         self.bundle = Path(RUNC_STATE) / "bundles" / self.container
 
     def start(self) -> RuncProcess:
+        for left in sweep_orphans():
+            log.info("removed the sandbox %s, whose starter is gone", left)
         uid = job_uid(self.root)
         give_tree(self.root, uid)
         for folder in self.writable:  # a cached environment, for every later job to read
