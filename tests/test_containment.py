@@ -240,6 +240,7 @@ def test_a_root_only_file_in_etc_is_not_inside(service: JobService) -> None:
             f"import os\nprint('exists', os.path.exists({str(ETC_SECRET)!r}))\n"
             "print('passwd', open('/etc/passwd').read().split(':')[0])\n"
             "print('shadow', os.path.exists('/etc/shadow'))\n"
+            "print('init env', sorted(k for k in os.environ if k.startswith('TINI')))\n"
         )
         service.create(sandboxed("etc-secret", code))
         record = wait_for(service, "etc-secret")
@@ -248,6 +249,7 @@ def test_a_root_only_file_in_etc_is_not_inside(service: JobService) -> None:
     out = lines(service, "etc-secret")
     assert record.status == "Completed", (record.failure_reason, out)
     assert "exists False" in out and "shadow False" in out and "passwd root" in out
+    assert "init env []" in out  # the init's settings are not the job's
 
 
 HOG = """

@@ -99,6 +99,8 @@ BLOCKED_SYSCALLS = (
     "vm86old",
 )
 _CLONE_NEWUSER = 0x10000000
+QUIET = "TINI_VERBOSITY"
+ENV = "/usr/bin/env"  # in every root: /usr is shown whole
 _MIB = 1 << 20
 
 
@@ -212,8 +214,10 @@ def oci_config(
             "user": {"uid": plan.uid, "gid": plan.uid},
             # -p: the container ends with its runc (a Ray worker or a supervisor killed
             # takes its host down, as a process runner's job would go with it).
-            "args": [init, "-p", "SIGKILL", "-g", "--", *plan.argv],
-            "env": [f"{k}={v}" for k, v in plan.env.items()],
+            # tini's own warnings (a signal that came after the command ended) are not the
+            # job's output: it is told to be quiet, and the command does not inherit that.
+            "args": [init, "-p", "SIGKILL", "-g", "--", ENV, "-u", QUIET, *plan.argv],
+            "env": [f"{k}={v}" for k, v in plan.env.items() if k != QUIET] + [f"{QUIET}=0"],
             "cwd": plan.cwd,
             "noNewPrivileges": plan.no_new_privs,
             "capabilities": {
