@@ -707,6 +707,19 @@ def _processes_running(needle: str) -> list[int]:
     return found
 
 
+def _described(pids: list[int]) -> list[str]:
+    """Each process with its parent and command line, to say what was left."""
+    found = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            ppid = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue
+        found.append(f"{pid} (parent {ppid.decode()}): {cmdline.decode(errors='replace')[:200]}")
+    return found
+
+
 def test_a_dead_supervisor_leaves_no_training_on_the_nodes(
     on_ray: NamespaceCluster, service: JobService
 ) -> None:
@@ -725,8 +738,8 @@ def test_a_dead_supervisor_leaves_no_training_on_the_nodes(
     # Ray ends the dead driver's actors, and the processes they started with them (its
     # workers' children are killed when a worker exits), so nothing trains on unowned.
     deadline = time.monotonic() + 60
-    while _processes_running("ray-orphan-"):
-        assert time.monotonic() < deadline, "training still runs on a node"
+    while left := _processes_running("ray-orphan-"):
+        assert time.monotonic() < deadline, f"training still runs on a node: {_described(left)}"
         time.sleep(0.2)
     record = wait_for(service, "ray-orphan", timeout=30)  # reading it reconciles it
     assert record.status == "Failed"

@@ -435,6 +435,9 @@ class _RuncStart:
         argv += ["--pid-file", str(pid_file), self.container]
         if self.netns:
             argv = [*_in_netns(self.netns), *argv]
+        # runc goes with the thread that started it (a supervisor's host, a Ray worker's
+        # actor), and with runc its container (tini -p): nothing trains unowned.
+        argv = [system_tool("setpriv") or "setpriv", "--pdeathsig", "KILL", "--", *argv]
         popen = subprocess.Popen(
             argv,
             env=LAUNCHER_ENV,
