@@ -283,8 +283,12 @@ def test_supervisor_killed_mid_job_is_marked_failed_and_training_stopped(
     ended = service.get("orphan")
     assert "supervisor of this job" in (ended.failure_reason or "")
     assert "training processes were stopped" in (ended.failure_reason or "")
-    with pytest.raises(ProcessLookupError):
-        os.killpg(record.training_pgid, 0)
+    # Nothing of the group runs (a sandbox's init may stay a zombie until the machine's
+    # init reaps it: it trains nothing).
+    from trainport.runners.api import _group_runs
+
+    pgid = record.training_pgid
+    wait_until(lambda: not _group_runs(pgid), timeout=10, what="the training group gone")
 
 
 def test_duplicate_name_is_refused_and_the_first_job_untouched(service: JobService) -> None:

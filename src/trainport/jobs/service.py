@@ -389,8 +389,11 @@ class JobService:
                 from trainport.runners.sandbox import remove_left_containers
 
                 hosts = [job_dir / "hosts" / h for h in spec.hosts]
+                # Their training ended with the supervisor (runc's parent-death signal);
+                # what is left is the runtime's record of them.
                 for left in remove_left_containers(hosts):
                     log.warning("job %s: removed its sandbox %s", record.name, left)
+                    killed = True
                 roots = [(h, job_dir / "hosts" / h) for h in spec.hosts]
                 model_uri, _ = upload_merged(
                     self.store,
