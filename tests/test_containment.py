@@ -263,16 +263,27 @@ for i in range(int(sys.argv[1])):
 SMALL = json.dumps({"ml.m4.xlarge": {"cpus": 1, "memory_gib": 0.25}})
 
 
-def test_a_job_over_its_instance_memory_fails_naming_the_limit(
-    service: JobService, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def small_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ml.m4.xlarge sized by the operator as 1 CPU and 0.25 GiB, for cheap limit tests."""
     monkeypatch.setenv("TRAINPORT_RAY_INSTANCE_TYPES", SMALL)
+
+
+def on_small(name: str, code: str, *args: str, **overrides: object) -> dict[str, object]:
+    """A sandboxed job on the small instance, its script given ``args``."""
     body = sandboxed(
-        "hog",
-        HOG,
+        name,
+        code,
         ResourceConfig={"InstanceType": "ml.m4.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
+        **overrides,
     )
-    body["AlgorithmSpecification"]["ContainerEntrypoint"].append("16")  # 1 GiB
+    body["AlgorithmSpecification"]["ContainerEntrypoint"].extend(args)  # type: ignore[index]
+    return body
+
+
+@pytest.mark.usefixtures("small_instance")
+def test_a_job_over_its_instance_memory_fails_naming_the_limit(service: JobService) -> None:
+    body = on_small("hog", HOG, "16")  # 1 GiB
     service.create(body)
     record = wait_for(service, "hog")
     assert record.status == "Failed"
@@ -281,17 +292,11 @@ def test_a_job_over_its_instance_memory_fails_naming_the_limit(
     assert "ml.m4.xlarge" in reason and "0.25 GiB" in reason
 
 
-def test_the_machine_tag_lifts_the_limits(
-    service: JobService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TRAINPORT_RAY_INSTANCE_TYPES", SMALL)
-    body = sandboxed(
-        "hog-machine",
-        HOG,
-        ResourceConfig={"InstanceType": "ml.m4.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
-        extra_tags=[{"Key": "trainport:resources", "Value": "machine"}],
-    )
-    body["AlgorithmSpecification"]["ContainerEntrypoint"].append("8")  # 512 MiB
+@pytest.mark.usefixtures("small_instance")
+def test_the_machine_tag_lifts_the_limits(service: JobService) -> None:
+    body = on_small(
+        "hog-machine", HOG, "8", extra_tags=[{"Key": "trainport:resources", "Value": "machine"}]
+    )  # 512 MiB
     service.create(body)
     record = wait_for(service, "hog-machine")
     assert record.status == "Completed", record.failure_reason
@@ -310,15 +315,9 @@ except OSError as exc:
 """
 
 
-def test_dev_shm_counts_against_the_instance_memory(
-    service: JobService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TRAINPORT_RAY_INSTANCE_TYPES", SMALL)
-    body = sandboxed(
-        "shm-hog",
-        SHM_HOG,
-        ResourceConfig={"InstanceType": "ml.m4.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
-    )
+@pytest.mark.usefixtures("small_instance")
+def test_dev_shm_counts_against_the_instance_memory(service: JobService) -> None:
+    body = on_small("shm-hog", SHM_HOG)
     service.create(body)
     record = wait_for(service, "shm-hog")
     out = lines(service, "shm-hog")
@@ -343,15 +342,9 @@ for p in started:
 """
 
 
-def test_a_job_cannot_start_more_processes_than_its_instance_allows(
-    service: JobService, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TRAINPORT_RAY_INSTANCE_TYPES", SMALL)
-    body = sandboxed(
-        "forks",
-        FORKS,
-        ResourceConfig={"InstanceType": "ml.m4.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 1},
-    )
+@pytest.mark.usefixtures("small_instance")
+def test_a_job_cannot_start_more_processes_than_its_instance_allows(service: JobService) -> None:
+    body = on_small("forks", FORKS)
     service.create(body)
     record = wait_for(service, "forks", timeout=300)
     out = lines(service, "forks")

@@ -216,6 +216,21 @@ def bwrap_options(plan: SandboxPlan, status_fd: int, files: dict[str, str]) -> l
     return argv
 
 
+def _launch(argv: list[str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """A runtime started as trainport starts every process outside a sandbox: fixed
+    environment and folder, its output (and the job's) on one pipe, a session of its own."""
+    return subprocess.Popen(
+        argv,
+        env=LAUNCHER_ENV,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        pass_fds=pass_fds,
+    )
+
+
 def _memfd(name: str, data: bytes) -> int:
     """A descriptor to read ``data`` from, for a child to inherit."""
     fd = os.memfd_create(name, 0)  # not close-on-exec: the child reads it
@@ -246,12 +261,10 @@ class RuncProcess(HostProcess):
         popen: subprocess.Popen[bytes],
         init_pid: int,
         container: str,
-        bundle: Path,
         limits: Limits | None,
     ) -> None:
         super().__init__(popen, init_pid)
         self.container = container
-        self.bundle = bundle
         self.limits = limits
         self._ended = False
         self._limit_reason: str | None = None
@@ -270,8 +283,7 @@ class RuncProcess(HostProcess):
         self._ended = True
         if self.limits is not None:
             self._limit_reason = memory_outcome(_cgroup(self.container), self.limits)
-        _delete_container(self.container)
-        shutil.rmtree(self.bundle, ignore_errors=True)
+        _remove_container(self.container)
 
 
 def _container_prefix(root: Path) -> str:
@@ -290,8 +302,7 @@ def remove_left_containers(roots: list[Path]) -> list[str]:
     removed = []
     for entry in os.listdir(RUNC_STATE):
         if entry.startswith(prefixes):
-            _delete_container(entry)
-            shutil.rmtree(Path(RUNC_STATE) / "bundles" / entry, ignore_errors=True)
+            _remove_container(entry)
             removed.append(entry)
     return removed
 
@@ -311,9 +322,7 @@ def sweep_orphans() -> list[str]:
             continue
         if _alive(starter):
             continue
-        if (Path(RUNC_STATE) / entry).exists():
-            _delete_container(entry)
-        shutil.rmtree(Path(RUNC_STATE) / "bundles" / entry, ignore_errors=True)
+        _remove_container(entry)
         removed.append(entry)
     return removed
 
@@ -332,14 +341,23 @@ def _cgroup(container: str) -> str:
     return f"/trainport/{container}"
 
 
-def _delete_container(container: str) -> None:
-    runc = system_tool("runc") or "runc"
-    subprocess.run(
-        [runc, "--root", RUNC_STATE, "delete", "--force", container],
-        capture_output=True,
-        env=LAUNCHER_ENV,
-        timeout=60,
-    )
+def _remove_container(container: str) -> None:
+    """The container gone (killed if it still runs), with runc's record and its bundle."""
+    if (Path(RUNC_STATE) / container).exists():
+        runc = system_tool("runc") or "runc"
+        subprocess.run(
+            [runc, "--root", RUNC_STATE, "delete", "--force", container],
+            capture_output=True,
+            env=LAUNCHER_ENV,
+            timeout=60,
+        )
+    shutil.rmtree(_bundle(container), ignore_errors=True)
+
+
+def _bundle(container: str) -> Path:
+    # Outside the job's tree and TRAINPORT_HOME: runc mounts the root from inside the user
+    # namespace, as the job's uid, which must be able to reach it.
+    return Path(RUNC_STATE) / "bundles" / container
 
 
 # The network part of /sys (interfaces, their queues) from a sysfs mounted inside the
@@ -392,9 +410,7 @@ class _RuncStart:
         self.limits = limits
         self.netns = netns
         self.container = f"{_container_prefix(root)}{os.getpid()}-{next(_SEQUENCE)}"
-        # Outside the job's tree and TRAINPORT_HOME: runc mounts the root from inside the
-        # user namespace, as the job's uid, which must be able to reach it.
-        self.bundle = Path(RUNC_STATE) / "bundles" / self.container
+        self.bundle = _bundle(self.container)
 
     def start(self) -> RuncProcess:
         for left in sweep_orphans():
@@ -438,17 +454,9 @@ class _RuncStart:
         # runc goes with the thread that started it (a supervisor's host, a Ray worker's
         # actor), and with runc its container (tini -p): nothing trains unowned.
         argv = [system_tool("setpriv") or "setpriv", "--pdeathsig", "KILL", "--", *argv]
-        popen = subprocess.Popen(
-            argv,
-            env=LAUNCHER_ENV,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        popen = _launch(argv)
         init_pid = self._init_pid(popen, pid_file)
-        return RuncProcess(popen, init_pid, self.container, self.bundle, self.limits)
+        return RuncProcess(popen, init_pid, self.container, self.limits)
 
     def _init_pid(self, popen: subprocess.Popen[bytes], pid_file: Path) -> int:
         deadline = time.monotonic() + 60
@@ -464,8 +472,7 @@ class _RuncStart:
             popen.kill()
         popen.wait()
         out = popen.stdout.read().decode(errors="replace").strip() if popen.stdout else ""
-        _delete_container(self.container)
-        shutil.rmtree(self.bundle, ignore_errors=True)
+        _remove_container(self.container)
         raise SandboxError(f"runc did not start the job: {out or f'exit {popen.returncode}'}")
 
 
@@ -509,16 +516,7 @@ class SandboxRunner(Runner):
         args_fd = _memfd("trainport-sandbox-args", options.encode())
         argv = [system_tool("bwrap") or "bwrap", "--args", str(args_fd), "--", *plan.argv]
         try:
-            popen = subprocess.Popen(
-                argv,
-                env=LAUNCHER_ENV,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=(write_fd, args_fd),
-            )
+            popen = _launch(argv, pass_fds=(write_fd, args_fd))
         finally:
             os.close(write_fd)
             os.close(args_fd)
