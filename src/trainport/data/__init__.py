@@ -2,7 +2,7 @@
 
 Imports nothing else of trainport, so training scripts can use it inside real SageMaker too.
 
-- Record formats (CONTRACT.md section 4): :func:`encode_tfrecord`, :class:`TFRecordWriter`,
+- Record formats: :func:`encode_tfrecord`, :class:`TFRecordWriter`,
   :func:`iter_tfrecords`; :func:`encode_recordio`, :class:`RecordIOWriter`,
   :func:`iter_recordio` (multi-part records split and rejoined); CRC-32C in C (:func:`crc32c`).
 - Channels: :class:`PipeChannel` (FIFOs ``<channel>_<epoch>``, optionally per-worker

@@ -1,4 +1,4 @@
-"""Weighted mixing of several sources: seed 003's "dynamic boosting", made restartable.
+"""Weighted mixing of several sources ("dynamic boosting"), made restartable.
 
 :class:`WeightedMixer` draws each next sample from one of its sources, chosen at random with
 probability proportional to the source's weight. Training code may change the weights at

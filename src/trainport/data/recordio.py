@@ -1,4 +1,4 @@
-"""MXNet RecordIO framing (CONTRACT.md section 4): a reader, a writer and a one-record encoder.
+"""MXNet RecordIO framing: a reader, a writer and a one-record encoder.
 
 Each part is ``u32le magic 0xced7230a | u32le (cflag << 29 | length) | data | zero pad to 4``.
 The magic must never appear at a 4-aligned offset inside a part, because readers recover

@@ -15,7 +15,8 @@ File and ``s3://`` channels (a list of objects every reader can open):
 
 Pipe channels (FIFOs on the host, each readable by one process only). A FIFO cannot be
 shared: two processes opening one split its bytes arbitrarily, or one blocks forever (the
-deadlock of seed 004). So FIFO *series* are assigned whole to readers on the same host:
+deadlock of two ranks sharing one channel). So FIFO *series* are assigned whole to readers
+on the same host:
 
 - one series ``<channel>_<epoch>``: read by local rank 0, DataLoader worker 0 only; every
   other reader of that host gets nothing (and is told so in the log). Exactly-once, no

@@ -1,4 +1,4 @@
-"""TFRecord framing (CONTRACT.md section 4): a reader, a writer and a one-record encoder.
+"""TFRecord framing: a reader, a writer and a one-record encoder.
 
 Each record is ``uint64 length (LE) | uint32 masked_crc32c(length) | data |
 uint32 masked_crc32c(data)``. Both checksums are always verified: the length checksum first,

@@ -1,7 +1,7 @@
 """MXNet RecordIO framing for Pipe channels with ``RecordWrapperType: RecordIO``.
 
 The platform wraps each object (or augmented-manifest attribute) as one record, framed as
-CONTRACT.md section 4 says: ``u32le magic | u32le (cflag << 29 | length) | data | pad to 4``.
+SageMaker frames it: ``u32le magic | u32le (cflag << 29 | length) | data | pad to 4``.
 Where the magic word sits at a 4-aligned offset of the data, the record is split there and
 those four bytes dropped (cflag 1 first, 2 middle, 3 last part; 0 a record in one piece), so
 a reader that resynchronises on aligned magic words never mistakes data for a header; readers
