@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from trainport.config import DEFAULT_MAX_SOURCEDIR_MB
 from trainport.errors import ValidationError
+from trainport.host.tarball import extract_within
 
 __all__ = ["pack_entry_point", "pack_sourcedir", "unpack_sourcedir"]
 
@@ -79,8 +80,8 @@ def unpack_sourcedir(
 
     All members are validated first; if any is unsafe, or the archive unpacks to more than
     ``max_bytes`` (headers and contents), a :class:`ValidationError` says so and nothing is
-    written. Extraction then also goes through Python's ``"data"`` filter, which resolves
-    links on disk, as a second line of defence.
+    written. Extraction then also goes through :func:`extract_within`, which resolves links
+    on disk (a chain of links the lexical check cannot see), as a second line of defence.
     """
     code = Path(code_dir)
     with _open_tarball(tarball, code) as tar:
@@ -94,8 +95,8 @@ def unpack_sourcedir(
                 )
         code.mkdir(parents=True, exist_ok=True)
         try:
-            tar.extractall(str(code), members=members, filter="data")
-        except tarfile.FilterError as exc:
+            extract_within(tar, members, code)
+        except ValidationError as exc:
             raise ValidationError(
                 f"sourcedir tarball refused while extracting into {code}: {exc}"
             ) from exc
