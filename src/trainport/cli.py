@@ -195,6 +195,12 @@ _runner_option = click.option(
 @click.option("--output", metavar="S3URI", help="OutputDataConfig.S3OutputPath.")
 @click.option("--metric", multiple=True, metavar="NAME=REGEX", help="A MetricDefinition.")
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="An Environment variable.")
+@click.option(
+    "--tag",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A tag (repeatable); trainport:* tags set trainport's extensions.",
+)
 @click.option("--checkpoint", metavar="S3URI", help="CheckpointConfig.S3Uri.")
 @click.option("--max-run", type=int, help="StoppingCondition.MaxRuntimeInSeconds.")
 @click.option("--stop-grace", type=float, help="Seconds between SIGTERM and SIGKILL.")
@@ -221,6 +227,7 @@ def run(
     output: str | None,
     metric: tuple[str, ...],
     env: tuple[str, ...],
+    tag: tuple[str, ...],
     checkpoint: str | None,
     max_run: int | None,
     stop_grace: float | None,
@@ -251,6 +258,7 @@ def run(
         output=output,
         metrics=metric,
         env=env,
+        tags=tag,
         checkpoint=checkpoint,
         max_run=max_run,
         stop_grace=stop_grace,

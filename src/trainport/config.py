@@ -23,6 +23,7 @@ credentials in a JSON file, ``TRAINPORT_ROLE_CREDENTIALS`` or else
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,8 +151,8 @@ def _float(env: dict[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError as exc:
         raise ValidationError(f"{name}={raw!r} is not a number of seconds") from exc
-    if value < 0:
-        raise ValidationError(f"{name}={raw!r} must not be negative")
+    if not math.isfinite(value) or value < 0:
+        raise ValidationError(f"{name}={raw!r} must be a finite number of seconds, at least 0")
     return value
 
 

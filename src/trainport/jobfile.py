@@ -24,6 +24,7 @@ from typing import Any
 
 from trainport.errors import ValidationError
 from trainport.store.api import ObjectStore, S3Uri
+from trainport.yamldoc import load_yaml
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -42,16 +43,17 @@ DEFAULT_INSTANCE_TYPE = "ml.m5.large"
 
 
 def _load_file(path: Path) -> dict[str, Any]:
-    import yaml
-
     try:
         text = path.read_text()
     except OSError as exc:
         raise ValidationError(f"cannot read the job file {path}: {exc.strerror}") from exc
-    try:
-        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ValidationError(f"the job file {path} is not valid YAML/JSON: {exc}") from exc
+    if path.suffix == ".json":
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise ValidationError(f"the job file {path} is not valid JSON: {exc}") from exc
+    else:
+        doc = load_yaml(text, f"the job file {path}")
     if not isinstance(doc, dict):
         raise ValidationError(
             f"the job file {path} must hold a mapping of CreateTrainingJob fields "
@@ -101,6 +103,7 @@ def build_request(
     max_run: int | None,
     stop_grace: float | None,
     store: ObjectStore,
+    tags: tuple[str, ...] = (),
     instance_count: int | None = None,
     torchrun: bool = False,
     processes_per_host: int | None = None,
@@ -115,6 +118,7 @@ def build_request(
     when the name is taken); uploads go under :func:`upload_prefix` of ``submission``."""
     hp_pairs, channel_pairs = _pairs(hps, "--hp"), _pairs(channels, "--channel")
     metric_pairs, env_pairs = _pairs(metrics, "--metric"), _pairs(env, "--env")
+    tag_pairs = _pairs(tags, "--tag")
     request: dict[str, Any] = _load_file(job_file) if job_file else {}
     stem = job_file.stem if job_file else Path(entry_point or "job").stem
     request["TrainingJobName"] = name or request.get("TrainingJobName") or _default_name(stem)
@@ -195,23 +199,23 @@ def build_request(
         request["CheckpointConfig"] = {"S3Uri": checkpoint}
     if max_run is not None:
         request.setdefault("StoppingCondition", {})["MaxRuntimeInSeconds"] = max_run
-    tags: list[dict[str, str]] = []
+    added: list[dict[str, str]] = [{"Key": k, "Value": v} for k, v in tag_pairs]
     if stop_grace is not None:
-        tags.append({"Key": "trainport:stop-grace-seconds", "Value": str(stop_grace)})
+        added.append({"Key": "trainport:stop-grace-seconds", "Value": str(stop_grace)})
     if instance_count is not None:
         request.setdefault("ResourceConfig", {})["InstanceCount"] = instance_count
     if torchrun and mpi:
         raise ValidationError("--torchrun and --mpi: choose one launcher")
     if torchrun:
-        tags.append({"Key": "trainport:distribution", "Value": "torchrun"})
+        added.append({"Key": "trainport:distribution", "Value": "torchrun"})
     if mpi:
-        tags.append({"Key": "trainport:distribution", "Value": "mpi"})
+        added.append({"Key": "trainport:distribution", "Value": "mpi"})
     if mpi_options is not None:
-        tags.append({"Key": "trainport:mpi-options", "Value": mpi_options})
+        added.append({"Key": "trainport:mpi-options", "Value": mpi_options})
     if processes_per_host is not None:
-        tags.append({"Key": "trainport:processes-per-host", "Value": str(processes_per_host)})
-    if tags:
-        request.setdefault("Tags", []).extend(tags)
+        added.append({"Key": "trainport:processes-per-host", "Value": str(processes_per_host)})
+    if added:
+        request.setdefault("Tags", []).extend(added)
     return request
 
 

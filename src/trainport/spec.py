@@ -12,6 +12,7 @@ key starts with ``trainport:`` (see :data:`EXTENSION_TAGS`).
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -60,6 +61,9 @@ EXTENSION_TAGS = {
 }
 
 MAX_HOSTS = 64
+#: The longest stop grace a job may ask for: time enough to save any checkpoint, yet a
+#: Stop still ends the job.
+MAX_STOP_GRACE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -209,12 +213,20 @@ def confined_uri(uri: str, where: str) -> S3Uri:
 
 
 def confined_local_path(path: str, where: str = "CheckpointConfig.LocalPath") -> str:
-    """``path`` normalised, and refused unless it lies inside /opt/ml (not /opt/ml itself)."""
+    """``path`` normalised, and refused unless it lies inside /opt/ml (not /opt/ml itself).
+
+    A colon is refused too: a container engine's volume option separates its fields with
+    colons, so the container runner could not mount such a folder."""
     normal = posixpath.normpath(path) if path.startswith("/") else ""
     if not normal.startswith("/opt/ml/"):
         raise ValidationError(
             f"{where} {path!r} must lie under /opt/ml/ (after resolving '.' and '..') so "
             "each job keeps its checkpoints in its own tree"
+        )
+    if ":" in normal:
+        raise ValidationError(
+            f"{where} {path!r} holds a ':'; container engines cannot mount such a folder, so "
+            "name it without one"
         )
     return normal
 
@@ -274,6 +286,20 @@ def _channel(raw: dict[str, Any], job_mode: str, index: int) -> ChannelSpec:
         attribute_names=attributes,
         shuffle_seed=int(shuffle["Seed"]) if shuffle else None,
     )
+
+
+def _check_stop_grace(value: str) -> None:
+    """A finite number of seconds in range: ``inf`` would make a Stop never kill, and
+    ``nan`` compares false with everything, so it would kill at once."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_STOP_GRACE_SECONDS):
+        raise ValidationError(
+            f"Tags: trainport:stop-grace-seconds={value!r} must be a number of seconds from 0 "
+            f"to {MAX_STOP_GRACE_SECONDS:g}"
+        )
 
 
 def tags_of(request: dict[str, Any]) -> dict[str, str]:
@@ -419,13 +445,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
                     "(loopback traffic cannot be shaped per host)"
                 )
         if key == "trainport:stop-grace-seconds":
-            try:
-                if float(value) < 0:
-                    raise ValueError(value)
-            except ValueError as exc:
-                raise ValidationError(
-                    f"Tags: trainport:stop-grace-seconds={value!r} must be a number of seconds >= 0"
-                ) from exc
+            _check_stop_grace(value)
     return JobSpec(
         name=request["TrainingJobName"],
         request=request,

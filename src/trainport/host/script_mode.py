@@ -39,6 +39,7 @@ from trainport.host.sourcedir import pack_entry_point, pack_sourcedir, unpack_so
 __all__ = [
     "PROGRAM",
     "SUBMIT_DIRECTORY",
+    "check_entry",
     "is_script_mode",
     "pack_entry_point",
     "pack_sourcedir",
@@ -121,7 +122,7 @@ def script_invocation(
     toolkit = {k: v for k, v in decoded.items() if k in _TOOLKIT_KEYS or k.startswith(_PREFIX)}
     user = {k: v for k, v in decoded.items() if k not in toolkit}
     framework_params = {k: v for k, v in toolkit.items() if k not in _TOOLKIT_KEYS}
-    entry = _check_entry(str(toolkit[PROGRAM]))
+    entry = check_entry(str(toolkit[PROGRAM]))
     user_args = _cmd_args(user)
 
     base = str(base_dir)
@@ -293,7 +294,8 @@ def _cmd_args(hps: Mapping[str, Any]) -> list[str]:
     return args
 
 
-def _check_entry(entry: str) -> str:
+def check_entry(entry: str) -> str:
+    """``entry`` if it is a plain relative path inside the source directory."""
     if not _SAFE_ENTRY.match(entry) or any(p in (".", "..") for p in entry.split("/")):
         raise ValidationError(
             f"HyperParameters {PROGRAM} {entry!r} is not a plain relative path inside the "

@@ -165,7 +165,9 @@ class JobService:
                 f"HyperParameters.sagemaker_submit_directory: {raw} does not exist in the "
                 f"{self.store.description}"
             )
-        program = spec.hyperparameters["sagemaker_program"].strip('"')
+        # By its form first: the archive is unpacked into a folder of this machine, and a
+        # program that escaped it would be found or not there, telling which files exist.
+        program = script_mode.check_entry(spec.hyperparameters["sagemaker_program"].strip('"'))
         with tempfile.TemporaryDirectory(prefix="trainport-check-") as tmp:
             script_mode.unpack_sourcedir(
                 self.store.get_bytes(uri.bucket, uri.key),
@@ -188,6 +190,10 @@ class JobService:
                 f"Training job {name!r} already exists; choose another TrainingJobName "
                 "(names are unique, as in SageMaker)"
             )
+        if not self.allow_host_paths and isinstance(request, dict):
+            # Before the checks that look at the files a request names (an entry point
+            # that must be executable): those would answer a client about this machine.
+            _refuse_host_paths(request)
         return self.check(request)
 
     def create(
@@ -204,8 +210,6 @@ class JobService:
         :meth:`start` (called by a scheduler when capacity frees). ``admitted`` is what
         :meth:`admit` returned for this request, if the caller ran it already."""
         spec = admitted or self.admit(request)
-        if not self.allow_host_paths:
-            _refuse_host_paths(request)
         requested = runner or spec.runner or self.settings.runner
         if requested == "ray":
             from trainport.placement.ray import check_cluster, check_ray_job
@@ -586,14 +590,19 @@ def _refuse_host_paths(request: dict[str, Any]) -> None:
     """Refuse a request that names files of this machine the sandbox would show its job.
 
     The sandbox shows the system folders to every job anyway; anything else an entry point,
-    an argument or the image names would be mounted read-only for the job to read.
+    an argument or the image names would be mounted read-only for the job to read. Decided
+    by each path's form alone, whether or not it exists: an answer that differed would tell
+    a client which files this machine has.
     """
     from trainport.runners.plan import SYSTEM_DIRS
 
     algo = request.get("AlgorithmSpecification") or {}
+    if not isinstance(algo, dict):
+        return  # not a request's shape: parse_request says what is wrong
     named: list[tuple[str, str]] = []
     for field_name in ("ContainerEntrypoint", "ContainerArguments"):
-        for i, item in enumerate(algo.get(field_name) or []):
+        items = algo.get(field_name)
+        for i, item in enumerate(items if isinstance(items, list) else []):
             if isinstance(item, str) and item.startswith("/"):
                 named.append((f"AlgorithmSpecification.{field_name}[{i}]", item))
     image = algo.get("TrainingImage")
@@ -605,9 +614,9 @@ def _refuse_host_paths(request: dict[str, Any]) -> None:
             continue  # the job's own tree
         if any(full == d or full.startswith(d + "/") for d in SYSTEM_DIRS):
             continue  # shown to every job anyway
-        if os.path.lexists(full):
-            raise ValidationError(
-                f"{field_name}: {path!r} names a file of the server's machine; this server "
-                "does not show its files to jobs. Put the code in the job's source archive "
-                "(script mode) or ask the operator to set TRAINPORT_SERVER_ALLOW_HOST_PATHS=1"
-            )
+        raise ValidationError(
+            f"{field_name}: {path!r} names a path of the server's machine outside /opt/ml and "
+            "the system folders; this server does not show its files to jobs. Put the code "
+            "in the job's source archive (script mode) or ask the operator to set "
+            "TRAINPORT_SERVER_ALLOW_HOST_PATHS=1"
+        )

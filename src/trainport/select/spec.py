@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pydantic
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainport.errors import NotFoundError, ValidationError
 from trainport.select.procedures import FixedSearch, HyperBand, Procedure, SuccessiveHalving
 from trainport.select.space import GridSpace, RandomSpace, parse_distribution
 from trainport.select.trainer import Trainer
+from trainport.yamldoc import load_yaml
 
 __all__ = ["SearchSpec", "SelectSpec", "load_spec"]
 
@@ -109,10 +109,7 @@ def load_spec(path: Path) -> SelectSpec:
     """Read and validate a spec; relative data and output paths are taken from its folder."""
     if not path.is_file():
         raise NotFoundError(f"spec: {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValidationError(f"spec {path}: not valid YAML ({exc})") from exc
+    raw = load_yaml(path.read_text(), f"spec {path}")
     if not isinstance(raw, dict):
         raise ValidationError(f"spec {path}: expected a mapping of fields at the top level")
     try:

@@ -1,0 +1,82 @@
+"""A server's answers to requests that name paths say nothing of which files the server's
+machine has: each path is refused by its form, whether or not it exists there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.server.conftest import client, job, put, start_server
+from trainport.host.script_mode import pack_entry_point
+
+
+def refusal(sm: Any, body: dict[str, Any], path: str) -> str:
+    """The message of the refusal of ``body``, with ``path`` replaced by a placeholder."""
+    with pytest.raises(ClientError) as caught:
+        sm.create_training_job(**body)
+    error = caught.value.response["Error"]
+    assert error["Code"] == "ValidationException", error
+    return str(error["Message"]).replace(path, "<path>")
+
+
+def script_job(name: str, program: str) -> dict[str, Any]:
+    body = job(name, "")
+    del body["AlgorithmSpecification"]["ContainerEntrypoint"]
+    body["HyperParameters"] = {
+        "sagemaker_program": json.dumps(program),
+        "sagemaker_submit_directory": json.dumps("s3://data/code/sourcedir.tar.gz"),
+    }
+    return body
+
+
+def test_an_entry_point_outside_the_source_archive_is_refused_by_its_form(
+    server_home: Path, tmp_path: Path
+) -> None:
+    entry = tmp_path / "train.py"
+    entry.write_text("print(1)\n")
+    put(server_home, "data", "code/sourcedir.tar.gz", pack_entry_point(entry))
+    srv = start_server()
+    try:
+        sm = client(srv)
+        there = "../../../../../../../../etc/passwd"
+        missing = "../../../../../../../../etc/no-such-file-here"
+        said = refusal(sm, script_job("escape-there", there), there)
+        assert said == refusal(sm, script_job("escape-missing", missing), missing)
+        assert "HyperParameters sagemaker_program" in said
+        assert "not a plain relative path" in said
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("field_name", ["ContainerEntrypoint", "ContainerArguments"])
+def test_a_host_path_is_refused_alike_whether_it_exists_or_not(
+    server_home: Path, tmp_path: Path, field_name: str
+) -> None:
+    there = tmp_path / "operator-tool"
+    there.write_text("#!/bin/sh\necho secret\n")
+    there.chmod(0o755)
+    missing = tmp_path / "no-such-tool"
+
+    def body(name: str, path: Path) -> dict[str, Any]:
+        out = job(name, "print(1)")
+        algo = out["AlgorithmSpecification"]
+        if field_name == "ContainerEntrypoint":
+            algo["ContainerEntrypoint"] = [str(path)]
+        else:
+            algo["ContainerEntrypoint"] = ["python3", "-c", "print(1)"]
+            algo["ContainerArguments"] = [str(path)]
+        return out
+
+    srv = start_server()
+    try:
+        sm = client(srv)
+        said = refusal(sm, body("names-an-existing-file", there), str(there))
+        assert said == refusal(sm, body("names-a-missing-file", missing), str(missing))
+        assert f"AlgorithmSpecification.{field_name}[0]" in said
+        assert "TRAINPORT_SERVER_ALLOW_HOST_PATHS" in said
+    finally:
+        srv.close()
