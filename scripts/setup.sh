@@ -29,9 +29,7 @@ done
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "installing system packages:$missing" >&2
-    apt-get install -y -q $missing >/dev/null 2>&1 || {
-      apt-get update -q >/dev/null && apt-get install -y -q $missing >/dev/null
-    }
+    scripts/apt-install.sh $missing
   else
     echo "note: system packages missing ($missing); the sandbox runner may be unavailable" >&2
   fi
