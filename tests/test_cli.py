@@ -179,3 +179,26 @@ def test_cli_reports_orphans_on_next_command(home: Path, tmp_path: Path) -> None
 def test_bad_pairs(home: Path, flag: str) -> None:
     done = tp("run", "--entry-point", "x.py", flag, "novalue")
     assert done.returncode == 2 and "KEY=VALUE" in done.stderr
+
+
+def test_demo_without_torch_says_what_to_install_before_submitting(
+    home: Path, tmp_path: Path
+) -> None:
+    """As after `pip install trainport` without the [torch] extra: torch cannot be imported."""
+    hidden = tmp_path / "no-torch"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    env = {**os.environ, "PYTHONPATH": str(hidden)}
+    done = subprocess.run(
+        [*TRAINPORT, "demo", "--runner", "process"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "pip install 'trainport[torch]'" in done.stderr
+    assert sys.executable in done.stderr
+    # Refused at submission: no dataset stored, no job made.
+    assert not (home / "store" / "trainport-demo").exists()
+    assert not (home / "jobs").exists()

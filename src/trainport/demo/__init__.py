@@ -8,11 +8,16 @@ and where the model artifact is.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 import random
+import sys
 import time
 from pathlib import Path
+
+from trainport.config import load_settings
+from trainport.errors import ValidationError
 
 __all__ = ["make_dataset", "run_demo"]
 
@@ -37,6 +42,7 @@ def run_demo(*, epochs: int = 5, runner: str | None = None) -> int:
     from trainport.jobfile import build_request
     from trainport.jobs.service import JobService
 
+    _require_torch(runner or load_settings().runner)
     service = JobService()
     store = service.store
     for part in range(4):
@@ -62,3 +68,18 @@ def run_demo(*, epochs: int = 5, runner: str | None = None) -> int:
     record = follow_job(service, request["TrainingJobName"])
     print(_summary(record))
     return 0 if record.status == "Completed" else 1
+
+
+def _require_torch(runner: str) -> None:
+    """Refuse the demo before anything is stored or submitted when its job could not import
+    torch, naming what to install (instead of a ModuleNotFoundError inside the job's log).
+
+    A script-mode job runs with the interpreter that submits it, except on the ray runner,
+    whose hosts use their Ray nodes' interpreter; that one cannot be asked from here.
+    """
+    if runner == "ray" or importlib.util.find_spec("torch") is not None:
+        return
+    raise ValidationError(
+        f"the demo trains a PyTorch model, and torch is not installed for {sys.executable}, "
+        "the interpreter its job runs with; install it with: pip install 'trainport[torch]'"
+    )
