@@ -23,8 +23,10 @@ echo "args=$* host=$(hostname) job=$TRAINING_JOB_NAME arn=${TRAINING_JOB_ARN%%:*
 grep -q algo-1 /etc/hosts && echo "algo-1 in hosts"
 ls /opt/ml/input/config
 if [ -p /opt/ml/input/data/training_0 ]; then
+  echo "training_0 is a FIFO"
   cat /opt/ml/input/data/training_0 > /opt/ml/model/model.txt
 else
+  grep " /opt/ml/input/data/training " /proc/mounts | cut -d" " -f1,3 | sed "s/^/training mount: /"
   cat /opt/ml/input/data/training/*.txt > /opt/ml/model/model.txt
 fi
 echo "image keeps $(cat /opt/ml/code/kept.txt)"
@@ -128,6 +130,15 @@ def test_pipe_fifos_and_fastfile_mounts_reach_the_container(
     lines = [line for _, line in service.logs(name)]
     assert record.status == "Completed", (record.failure_reason, lines)
     assert model(home, str(record.model_artifacts))["model.txt"] == b"streamed\n"
+    # The image reads whatever it finds: say which mode delivered the bytes, so that a
+    # FIFO missing or a FastFile view quietly staged as File mode fails here.
+    if input_mode == "Pipe":
+        assert "training_0 is a FIFO" in lines
+    else:
+        mounts = [line for line in lines if line.startswith("training mount: ")]
+        assert len(mounts) == 1, lines
+        assert mounts[0].startswith("training mount: trainport-fastfile:")
+        assert mounts[0].endswith(" fuse")
 
 
 def test_files_of_an_image_running_as_another_user_are_uploaded_and_removable(
