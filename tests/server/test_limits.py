@@ -3,8 +3,10 @@ connections, deeply nested bodies. Each is a real client on 127.0.0.1."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +15,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.server.conftest import KEY_ID, client, start_server
+from tests.server.conftest import KEY_ID, SECRET, client, start_server
 from tests.server.security_support import raw_call
 from trainport.server.sigv4 import SigV4Verifier
 
@@ -89,9 +91,37 @@ def test_a_body_that_never_comes_is_cut_off(quick_server: Any) -> None:
 
 
 def test_a_connection_in_use_stays_open(quick_server: Any) -> None:
-    sm = client(quick_server)
-    sm.list_training_jobs()
-    sm.list_training_jobs()
+    """One keep-alive connection, busy for longer than the idle and request deadlines
+    together (2 s and 1 s), serves every request without being closed or replaced."""
+    body = b"{}"
+    conn = http.client.HTTPConnection("127.0.0.1", quick_server.port, timeout=30)
+    try:
+        served = 0
+        busy_until = time.monotonic() + 4
+        first_socket = None
+        while served < 2 or time.monotonic() < busy_until:
+            req = AWSRequest(
+                method="POST",
+                url=quick_server.url + "/",
+                data=body,
+                headers={
+                    "Content-Type": "application/x-amz-json-1.1",
+                    "X-Amz-Target": "SageMaker.ListTrainingJobs",
+                },
+            )
+            SigV4Auth(Credentials(KEY_ID, SECRET), "sagemaker", "us-east-1").add_auth(req)
+            conn.request("POST", "/", body=body, headers=dict(req.headers.items()))
+            reply = conn.getresponse()
+            assert reply.status == 200
+            assert "TrainingJobSummaries" in json.loads(reply.read())
+            # http.client drops a socket the server said it would close, and opens a new one
+            # for the next request: the same socket throughout is the same connection.
+            assert conn.sock is not None
+            first_socket = first_socket or conn.sock
+            assert conn.sock is first_socket, f"connection replaced after {served + 1} requests"
+            served += 1
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize("depth", [100_000, 65])
