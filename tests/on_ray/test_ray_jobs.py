@@ -3,9 +3,11 @@ talking to the others by name, failures naming their host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, python_job, require, wait_for
+from tests.conftest import put, python_job, require, wait_for, wait_until
 from tests.on_ray.cluster import NamespaceCluster, RayNode
 from tests.test_multihost import torch_job
 from trainport.config import load_settings
@@ -65,10 +67,18 @@ def test_two_hosts_on_two_nodes_all_reduce_by_name(
     assert [t.status for t in record.transitions] == FORWARD
     got = reports(service, "ray-byo", 2)
     assert {h: d["sum"] for h, d in got.items()} == {"algo-1": 3.0, "algo-2": 3.0}
-    # algo-k resolves to its node's own address, one node per host.
+    # algo-k resolves to its address on the job's own network, one node per host.
     addresses = got["algo-1"]["addresses"]
     assert addresses == got["algo-2"]["addresses"]
-    assert sorted(addresses.values()) == sorted(n.address for n in on_ray.nodes)  # type: ignore[union-attr]
+    prefix = addresses["algo-1"].rsplit(".", 1)[0]  # type: ignore[index]
+    assert addresses == {"algo-1": f"{prefix}.2", "algo-2": f"{prefix}.3"}
+    placed = {
+        t.split(" runs on Ray node ")[1].split()[0]
+        for h in ("algo-1", "algo-2")
+        for _, t in service.logs("ray-byo", host=h)
+        if " runs on Ray node " in t
+    }
+    assert placed == {n.address for n in on_ray.nodes}
     # Each node's model folder came back into the one merged archive.
     import tarfile
 
@@ -345,38 +355,178 @@ def test_a_job_no_node_could_ever_hold_is_refused_at_submission(
 
 
 REACH = """
-import json, os, socket
+import json, os, socket, time
 def reach(address, port):
     try:
         socket.create_connection((address, port), timeout=3).close()
         return "reached"
     except OSError as exc:
         return type(exc).__name__
-listener = socket.socket()
-listener.bind(("127.0.0.1", 0))
-listener.listen(1)
-print("REACH " + json.dumps({
-    "head": reach(os.environ["HEAD"], 6379),
-    "own loopback": reach("127.0.0.1", listener.getsockname()[1]),
-}), flush=True)
+me = json.load(open('/opt/ml/input/config/resourceconfig.json'))['current_host']
+if me == 'algo-1':
+    listener = socket.create_server(('0.0.0.0', 7777))
+    listener.settimeout(60)
+    listener.accept()[0].close()  # algo-2's
+    seen = {}
+else:
+    for _ in range(300):
+        if reach('algo-1', 7777) == 'reached':
+            break
+        time.sleep(0.1)
+    seen = {'peer': 'reached'}
+own = socket.create_server(('127.0.0.1', 0))
+seen.update({
+    'head': reach(os.environ['HEAD'], 6379),
+    'nodes': [reach(node, 5999) for node in os.environ['NODES'].split()],
+    'submitter': reach(os.environ['SUBMITTER'], int(os.environ['SUBMITTER_PORT'])),
+    'own loopback': reach('127.0.0.1', own.getsockname()[1]),
+})
+print('REACH ' + json.dumps(seen), flush=True)
 """
 
 
+@contextlib.contextmanager
+def _listening_on_every_node(cluster: NamespaceCluster, port: int) -> Iterator[None]:
+    """A listener on ``port`` of every node's address, in the node's own network."""
+    serve = (
+        "import socket, sys, time; s = socket.create_server(('0.0.0.0', int(sys.argv[1]))); "
+        "print('up', flush=True); time.sleep(600)"
+    )
+    listeners = []
+    try:
+        for node in cluster.nodes:
+            argv = ["nsenter", f"--net=/run/netns/{node.name}", sys.executable, "-c", serve]
+            listener = subprocess.Popen([*argv, str(port)], stdout=subprocess.PIPE, text=True)
+            listeners.append(listener)
+            assert listener.stdout is not None and listener.stdout.readline() == "up\n"
+        yield
+    finally:
+        for listener in listeners:
+            listener.kill()
+            listener.wait()
+
+
 @pytest.mark.parametrize("isolated", [False, True])
-def test_a_network_isolated_host_reaches_nothing_from_its_node(
+def test_hosts_on_nodes_reach_each_other_and_no_node(
     on_ray: NamespaceCluster, service: JobService, isolated: bool
 ) -> None:
+    """Each host has a network of the job's own on its node: the job's hosts reach each
+    other by name, nothing of any node of the cluster (the head's GCS, its own node) answers,
+    and the outside (here the submitting machine) is reached through NAT unless the job is
+    network-isolated."""
+    import socket
+
+    submitter = socket.create_server((f"{on_ray.subnet}.1", 0))
     name = f"ray-isolated-{isolated}".lower()
+    env = {
+        "HEAD": on_ray.head.address,
+        "NODES": " ".join(n.address for n in on_ray.nodes),
+        "SUBMITTER": f"{on_ray.subnet}.1",
+        "SUBMITTER_PORT": str(submitter.getsockname()[1]),
+    }
     body = python_job(
-        name, REACH, EnableNetworkIsolation=isolated, Environment={"HEAD": on_ray.head.address}
+        name, REACH, EnableNetworkIsolation=isolated, Environment=env, ResourceConfig=TWO_HOSTS
     )
-    service.create(body)
-    record = wait_for(service, name, timeout=120)
+    with submitter, _listening_on_every_node(on_ray, 5999):
+        service.create(body)
+        record = wait_for(service, name, timeout=120)
     assert record.status == "Completed", (record.failure_reason, service.logs(name))
-    said = next(t for _, t in service.logs(name) if t.startswith("REACH "))
-    seen = json.loads(said[len("REACH ") :])
-    assert seen["own loopback"] == "reached"
-    assert seen["head"] == ("reached" if not isolated else "OSError")
+    for host in ("algo-1", "algo-2"):
+        said = [t for _, t in service.logs(name, host=host)]
+        assert any("on the job's own network" in t for t in said), said
+        seen = json.loads(next(t for t in said if t.startswith("REACH "))[len("REACH ") :])
+        assert seen["own loopback"] == "reached", (host, seen)
+        assert seen["head"] != "reached", (host, seen)
+        assert "reached" not in seen["nodes"], (host, seen)
+        assert seen["submitter"] == ("OSError" if isolated else "reached"), (host, seen)
+    assert seen["peer"] == "reached"
+
+
+SERVE_7777 = """
+import json, os, socket, time
+me = json.load(open('/opt/ml/input/config/resourceconfig.json'))['current_host']
+token = os.environ['TOKEN']
+if me == 'algo-1':
+    listener = socket.create_server(('0.0.0.0', 7777))
+    print('SERVING ' + socket.gethostbyname('algo-1'), flush=True)
+    while True:  # until stopped
+        conn, _ = listener.accept()
+        conn.sendall(token.encode())
+        conn.close()
+else:
+    def fetch(address):
+        try:
+            with socket.create_connection((address, 7777), timeout=3) as conn:
+                return conn.recv(100).decode()
+        except OSError as exc:
+            return type(exc).__name__
+    for _ in range(300):
+        got = fetch('algo-1')
+        if not got.endswith('Error'):
+            break
+        time.sleep(0.1)
+    other = os.environ.get('OTHER')
+    print('GOT ' + json.dumps({'own': got, 'other': fetch(other) if other else None}), flush=True)
+"""
+
+
+def _served_at(service: JobService, name: str, timeout: float = 120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        said = [t for _, t in service.logs(name, host="algo-1")]
+        serving = [t.split()[1] for t in said if t.startswith("SERVING ")]
+        if serving:
+            return serving[0]
+        record = service.get(name)
+        assert record.status == "InProgress", (record.failure_reason, list(service.logs(name)))
+        time.sleep(0.2)
+    raise AssertionError(f"{name}'s algo-1 did not start serving")
+
+
+def test_two_jobs_on_the_same_nodes_each_own_port_7777(
+    on_ray: NamespaceCluster, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two 2-host jobs on the same two nodes at once: each one's algo-1 binds port 7777 on
+    every address, each one's algo-2 reaches its own, and the other job's is unreachable
+    while it serves."""
+    # Half a node per host, so that each node holds a host of each job.
+    monkeypatch.setenv("TRAINPORT_RAY_INSTANCE_TYPES", '{"ml.m5.large": {"cpus": 1}}')
+    first = python_job(
+        "ray-net-a", SERVE_7777, ResourceConfig=TWO_HOSTS, Environment={"TOKEN": "job a"}
+    )
+    service.create(first)
+    a_at = _served_at(service, "ray-net-a")
+    second = python_job(
+        "ray-net-b",
+        SERVE_7777,
+        ResourceConfig=TWO_HOSTS,
+        Environment={"TOKEN": "job b", "OTHER": a_at},
+    )
+    try:
+        service.create(second)
+        _served_at(service, "ray-net-b")
+        got = {}
+        for name in ("ray-net-a", "ray-net-b"):
+            wait_until(
+                lambda name=name: any(
+                    t.startswith("GOT ") for _, t in service.logs(name, host="algo-2")
+                ),
+                timeout=120,
+                what=f"{name}'s algo-2 to report",
+            )
+            said = next(t for _, t in service.logs(name, host="algo-2") if t.startswith("GOT "))
+            got[name] = json.loads(said[len("GOT ") :])
+        # Job a still serves: b's try at its address met a live listener's network.
+        assert service.get("ray-net-a").status == "InProgress"
+    finally:
+        for name in ("ray-net-a", "ray-net-b"):
+            with contextlib.suppress(Exception):
+                service.stop(name)
+    assert got["ray-net-a"]["own"] == "job a"
+    assert got["ray-net-b"]["own"] == "job b"
+    assert got["ray-net-b"]["other"] in ("TimeoutError", "ConnectionRefusedError", "OSError")
+    for name in ("ray-net-a", "ray-net-b"):
+        assert wait_for(service, name, timeout=60).status == "Stopped"
 
 
 def test_settings_name_the_cluster(on_ray: NamespaceCluster) -> None:

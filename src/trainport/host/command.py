@@ -36,6 +36,7 @@ __all__ = [
     "container_engine",
     "image_dir",
     "plain_command",
+    "runs_in_docker",
 ]
 
 SCRIPT_MODE_KEYS = ("sagemaker_program", "sagemaker_submit_directory")
@@ -88,6 +89,24 @@ def container_engine(spec: JobSpec) -> str | None:
         return None
     container.pull_image(engine, spec.training_image)
     return engine
+
+
+def runs_in_docker(spec: JobSpec) -> bool:
+    """Whether the job's image will run in docker here, which joins no network namespace of
+    trainport's."""
+    from trainport.config import container_engine_setting
+    from trainport.errors import TrainportError
+    from trainport.runners import container
+
+    if not spec.training_image or image_dir(spec) is not None:
+        return False
+    try:
+        engine = container.find_engine(container_engine_setting())
+        if engine is None or container.engine_kind(engine) != "docker":
+            return False
+        return container_engine(spec) is not None
+    except TrainportError:
+        return False  # the host says why when it runs the job
 
 
 def check_runnable(spec: JobSpec) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
 
-from trainport.config import Settings, container_engine_setting, load_settings
+from trainport.config import Settings, load_settings
 from trainport.errors import DatabaseError, TrainportError
 from trainport.host import command as commands
 from trainport.host import jobtree, mpi
@@ -52,7 +52,6 @@ from trainport.jobs.status import (
     goes_back,
 )
 from trainport.placement import HostGroup, LocalHosts
-from trainport.runners import container
 from trainport.runners.api import select_runner
 from trainport.runners.netns import (
     HostNetwork,
@@ -130,21 +129,8 @@ def _network_mode(runner: str, spec: JobSpec) -> tuple[NetworkMode, str | None]:
         isolated=spec.network_isolation,
         netns=netns_problem(),
         firewall=firewall_problem(),
-        docker=_in_docker(spec),
+        docker=commands.runs_in_docker(spec),
     )
-
-
-def _in_docker(spec: JobSpec) -> bool:
-    """Whether the job's image will run in docker, which joins no namespace of ours."""
-    if not spec.training_image or commands.image_dir(spec) is not None:
-        return False
-    try:
-        engine = container.find_engine(container_engine_setting())
-        if engine is None or container.engine_kind(engine) != "docker":
-            return False
-        return commands.container_engine(spec) is not None
-    except TrainportError:
-        return False  # the host says why when it runs the job
 
 
 def _make_network(name: str, runner: str, spec: JobSpec) -> JobNetwork:

@@ -44,12 +44,14 @@ from trainport.config import Settings
 from trainport.errors import ValidationError
 from trainport.host import jobtree, mpi
 from trainport.host.agent import HostAgent, HostPlan
+from trainport.host.command import runs_in_docker
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged, append_log_lines
 from trainport.host.layout import HostLayout
 from trainport.jobs.status import Finished, Phase, Progress
 from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.runners.netns import JobLoopback, netns_problem
+from trainport.runners.overlay import NodeNetwork, Overlay, OverlayHost, node_network, plan_overlay
 from trainport.store.api import S3Uri, open_store
 
 __all__ = [
@@ -76,13 +78,6 @@ def check_ray_job(spec: Any) -> None:
         raise ValidationError(
             "Tags: trainport:network=namespaces emulates hosts on this machine; on the ray "
             "runner each host already has its own node and network"
-        )
-    if spec.network_isolation and len(spec.hosts) > 1:
-        raise ValidationError(
-            "EnableNetworkIsolation with several hosts: the ray runner cannot yet confine a "
-            "host to its job's other nodes (each host would have its node's whole network); "
-            "run it with one host, or on this machine (--runner auto), where isolated hosts "
-            "share a network that reaches nothing else"
         )
     try:
         import ray  # noqa: F401
@@ -204,6 +199,7 @@ class NodeInfo:
     python: str
     store_problem: str | None = None  # why this node cannot reach the job's store
     sandbox_problem: str | None = None  # why this node runs jobs unisolated, if it does
+    network: NodeNetwork | None = None  # what it can make of a job network
 
 
 @dataclass(frozen=True)
@@ -262,7 +258,15 @@ class HostActor:
         self._board_lock = threading.Lock()
         self._launch: mpi.LaunchRequest | None = None
 
-    def node(self, probe: StoreProbe | None = None) -> NodeInfo:
+    def node(self, probe: StoreProbe | None = None, spec: Any = None) -> NodeInfo:
+        """Where this actor landed and what its node can do; with the job's ``spec``, also
+        what the node can make of the job's network."""
+        network = None
+        if spec is not None:
+            network = node_network(self._address)
+            if network.problem is None and runs_in_docker(spec):
+                why = "docker, which runs the job's image here, joins no namespace of trainport's"
+                network = dataclasses.replace(network, problem=why)
         return NodeInfo(
             self._node_id,
             self._address,
@@ -271,6 +275,7 @@ class HostActor:
             sys.version.split()[0],
             self._store_problem(probe) if probe is not None else None,
             _sandbox_problem(),
+            network,
         )
 
     def _store_problem(self, probe: StoreProbe) -> str | None:
@@ -291,11 +296,17 @@ class HostActor:
             self._events.append(event)
             self._news.notify_all()
 
-    def run(self, plan: HostPlan, peers: dict[str, Any] | None = None) -> None:
+    def run(
+        self,
+        plan: HostPlan,
+        peers: dict[str, Any] | None = None,
+        overlay: Overlay | None = None,
+    ) -> None:
         """Run the host to its end; its events, HostEnded last, wait for :meth:`drain`.
 
         ``peers`` are the other hosts' actors, for an MPI job: algo-1's mpirun reaches
-        their daemons through them."""
+        their daemons through them. ``overlay``: the job's network, of which this node
+        makes the host's part (None: the host has the node's network)."""
         from trainport.runners.api import select_runner
 
         board = None
@@ -306,10 +317,14 @@ class HostActor:
             plan, job_dir=self._settings.jobs_dir / plan.spec.name, mpi_board=board
         )
         model_uri = None
-        network = None
+        network: OverlayHost | JobLoopback | None = None
         try:
-            if plan.spec.network_isolation and netns_problem() is None:
-                # One host (check_ray_job refuses more): its own loopback and nothing else.
+            if overlay is not None:
+                network = OverlayHost(overlay, plan.host)
+                network.__enter__()
+                plan = dataclasses.replace(plan, netns=network.namespace)
+            elif plan.spec.network_isolation and netns_problem() is None:
+                # One host (the supervisor refuses more): its own loopback and nothing else.
                 network = JobLoopback(f"{plan.spec.name}-{plan.host}")
                 network.__enter__()
                 plan = dataclasses.replace(
@@ -515,6 +530,8 @@ class RayHosts(HostGroup):
         self._probe_file: Path | None = None
         self._lock = threading.Lock()
         self._driver: threading.Thread | None = None
+        # Names this run of the job's hosts (a retry is another): its network's VNI.
+        self._run = uuid.uuid4().hex
 
     # -- the contract -----------------------------------------------------------------------
 
@@ -668,7 +685,7 @@ class RayHosts(HostGroup):
             self._actors[host] = actor_class.options(**options).remote(self._settings)
         for host, actor in self._actors.items():
             try:
-                self._nodes[host] = ray.get(actor.node.remote(probe), timeout=300)
+                self._nodes[host] = ray.get(actor.node.remote(probe, spec), timeout=300)
             except Exception as exc:
                 raise PlacementError(
                     f"host {host}: its agent could not start on the node the cluster gave "
@@ -681,35 +698,72 @@ class RayHosts(HostGroup):
         if problem:
             raise PlacementError(problem)
         self._check_store(probe)
-        addresses = {h: n.address for h, n in self._nodes.items()}
-        log.info("hosts placed on Ray nodes: %s", addresses)
+        overlay, shared = self._network(spec)
+        if overlay is not None:
+            addresses = overlay.addresses()
+        else:
+            addresses = {h: n.address for h, n in self._nodes.items()}
+        log.info("hosts placed on Ray nodes: %s", {h: n.address for h, n in self._nodes.items()})
         for host, node in self._nodes.items():
             said = f"[trainport] host {host} runs on Ray node {node.address} (id {node.node_id})"
+            if overlay is not None:
+                said += f", at {overlay.address(host)} on the job's own network"
             if node.sandbox_problem:
                 # "auto" on that node: the job still runs, as it would here, and says so.
                 said += (
                     ", with NO isolation (the process runner): the node cannot make a "
                     f"sandbox ({node.sandbox_problem})"
                 )
-            self._put(LogLines(host, ((time.time(), said),)))
+            lines = [(time.time(), said)]
+            if shared and len(self.hosts) > 1:
+                lines.append((time.time(), f"[trainport] {shared}"))
+            self._put(LogLines(host, tuple(lines)))
         is_mpi = mpi.mpi_settings(self._plans[self.hosts[0]].spec) is not None
         for host, actor in self._actors.items():
             node = self._nodes[host]
             plan = dataclasses.replace(
                 self._plans[host],
                 addresses=addresses,
-                network_interface=node.interface or "eth0",
-                netns=None,
+                network_interface="eth0" if overlay else node.interface or "eth0",
+                netns=None,  # the node names the host's namespace (see HostActor.run)
                 mpi_board=None,  # each node makes its own (see HostActor.run)
             )
             peers = {h: a for h, a in self._actors.items() if h != host} if is_mpi else None
-            actor.run.remote(plan, peers)
+            actor.run.remote(plan, peers, overlay)
         with self._lock:
             grace = self._stop_grace
         if grace is not None:  # a stop that came while the actors were being made
             for actor in self._actors.values():
                 actor.terminate.remote(grace)
         return True
+
+    def _network(self, spec: Any) -> tuple[Overlay | None, str | None]:
+        """The job's own network across its nodes, or None and why the hosts share their
+        nodes' networks; a PlacementError for an isolated job that cannot be isolated."""
+        import ray
+
+        why: str | None
+        if spec.tags.get("trainport:network") == "loopback":
+            why = "the job asked for it (trainport:network=loopback)"
+        else:
+            nodes = {h: n.network for h, n in self._nodes.items() if n.network is not None}
+            cluster = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+            # Whatever node an actor found itself on counts too (a node Ray lists late).
+            cluster |= {n.address for n in self._nodes.values()}
+            planned = plan_overlay(
+                self._run, nodes, isolated=spec.network_isolation, cluster=tuple(sorted(cluster))
+            )
+            if isinstance(planned, Overlay):
+                return planned, None
+            why = planned
+        if spec.network_isolation and len(self.hosts) > 1:
+            raise PlacementError(
+                "EnableNetworkIsolation with several hosts needs a network of the job's own "
+                f"on every node, so that the hosts reach each other and nothing else: {why}"
+            )
+        shared = f"the hosts share their nodes' networks: {why}"
+        log.warning("job %s: %s", spec.name, shared)
+        return None, shared
 
     def _store_probe(self) -> StoreProbe:
         """Something of the store every node must find: for the embedded store a file the

@@ -149,7 +149,7 @@ def _ip(*args: str) -> None:
         raise SandboxError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
 
 
-def _start(argv: list[str], lines: list[str] | tuple[str, ...] = ()) -> subprocess.Popen[str]:
+def start_fed(argv: list[str], lines: list[str] | tuple[str, ...] = ()) -> subprocess.Popen[str]:
     """``argv`` started with ``lines`` on its standard input (a few KiB at most: it is
     written whole before anything is read back)."""
     popen = subprocess.Popen(
@@ -166,7 +166,7 @@ def _start(argv: list[str], lines: list[str] | tuple[str, ...] = ()) -> subproce
     return popen
 
 
-def _finish(popen: subprocess.Popen[str]) -> tuple[int, str]:
+def finish(popen: subprocess.Popen[str]) -> tuple[int, str]:
     """Wait for a started process: (exit code, its standard error)."""
     # No timeout: one makes the wait poll in sleeps, milliseconds on each call, and these
     # commands only talk to the kernel.
@@ -176,10 +176,10 @@ def _finish(popen: subprocess.Popen[str]) -> tuple[int, str]:
     return popen.wait(), err.strip()
 
 
-def _batch(argv: list[str], lines: list[str]) -> None:
+def batch(argv: list[str], lines: list[str]) -> None:
     """``lines`` run by one ``ip -batch``/``nft -f`` process (``argv``); an error naming
     the command that failed if one did."""
-    code, err = _finish(_start(argv, lines))
+    code, err = finish(start_fed(argv, lines))
     if code != 0:
         raise SandboxError(f"{' '.join(argv)} failed: {err}")
 
@@ -252,11 +252,18 @@ def network_tag(job: str, supervisor_pid: int) -> str:
 # names carry the rules' version: change the rules, bump it (keeping the chains' names),
 # and the first job after an upgrade writes the new rules over the old.
 TABLE = "inet trainport"
-_OWN, _ROUTED = "own_v1", "routed_v1"
-_RULES = (
+_OWN, _ROUTED, NODES_SET = "own_v2", "routed_v2", "nodes_v2"
+# Where clouds hand out the machine's own credentials (the instance metadata service, the
+# container credentials endpoint): a job gets its role's credentials from trainport, never
+# the machine's.
+_CREDENTIAL_SERVICES = "{ 169.254.169.254, 169.254.170.2 }"
+RULES = (
     f"add table {TABLE}",
     f"add set {TABLE} {_ROUTED} {{ type ifname; }}",
     f"add set {TABLE} {_OWN} {{ type ifname . ifname; }}",
+    # The addresses of a Ray cluster's nodes (see runners.overlay): Ray's own services
+    # listen there, and a job that reached them could run code on every node.
+    f"add set {TABLE} {NODES_SET} {{ type ipv4_addr; }}",
     f"add chain {TABLE} input {{ type filter hook input priority filter; policy accept; }}",
     f"add chain {TABLE} forward {{ type filter hook forward priority filter; policy accept; }}",
     f"add chain {TABLE} postrouting "
@@ -274,6 +281,8 @@ _RULES = (
     f'add rule {TABLE} forward iifname "tpb*" oifname "tpb*" drop',
     # A port the machine forwards elsewhere (DNAT) is one of the machine's services too.
     f'add rule {TABLE} forward iifname "tpb*" ct status dnat drop',
+    f'add rule {TABLE} forward iifname "tpb*" ip daddr @{NODES_SET} drop',
+    f'add rule {TABLE} forward iifname "tpb*" ip daddr {_CREDENTIAL_SERVICES} drop',
     f"add rule {TABLE} forward iifname @{_ROUTED} accept",
     f'add rule {TABLE} forward oifname "tpb*" ct state established,related accept',
     f'add rule {TABLE} forward iifname "tpb*" drop',
@@ -289,26 +298,28 @@ def _elements(bridge: str) -> tuple[str, str]:
     )
 
 
-def _mine(bridge: str, routed: bool) -> list[str]:
+def bridge_elements(bridge: str, routed: bool) -> list[str]:
     own, out = _elements(bridge)
     return [f"add {own}", *([f"add {out}"] if routed else [])]
 
 
-def _remove(tag: str, namespaces: list[str]) -> None:
-    """Remove a job's namespaces, bridge and set elements; what is already gone is skipped."""
+def remove_network(tag: str, namespaces: list[str], links: tuple[str, ...] = ()) -> None:
+    """Remove a job's namespaces, bridge (and ``links``) and set elements; what is already
+    gone is skipped."""
     lines = [f"netns del {ns}" for ns in namespaces] + [f"link del tpb{tag}"]
-    ip = _start(["ip", "-force", "-batch", "-"], lines)
+    lines += [f"link del {link}" for link in links]
+    ip = start_fed(["ip", "-force", "-batch", "-"], lines)
     nft = None
     if shutil.which("nft"):
         # Adding an element that is there does nothing, so add-then-delete removes it
         # whether or not it was there, in one transaction.
         elements = _elements(f"tpb{tag}")
         script = [f"add {e}" for e in elements] + [f"delete {e}" for e in elements]
-        nft = _start(["nft", "-f", "-"], script)
-    _, err = _finish(ip)
+        nft = start_fed(["nft", "-f", "-"], script)
+    _, err = finish(ip)
     if err:
         log.debug("removing the network of %s: %s", tag, err)
-    if nft is not None and (done := _finish(nft))[0] != 0:  # no table: nothing to remove
+    if nft is not None and (done := finish(nft))[0] != 0:  # no table: nothing to remove
         log.debug("removing the firewall elements of %s: %s", tag, done[1])
 
 
@@ -323,11 +334,11 @@ def remove_left(job: str, supervisor_pid: int) -> list[str]:
     bridge = f"tpb{tag}"
     had_bridge = Path("/sys/class/net", bridge).exists()
     if left or had_bridge:
-        _remove(tag, left)
+        remove_network(tag, left)
     return [*left, *([bridge] if had_bridge else [])]
 
 
-def _routed_prefixes() -> list[ipaddress.IPv4Network]:
+def routed_prefixes() -> list[ipaddress.IPv4Network]:
     """The IPv4 prefixes the machine has a route for, its default route aside."""
     try:
         rows = Path("/proc/net/route").read_text().splitlines()[1:]
@@ -345,10 +356,12 @@ def _routed_prefixes() -> list[ipaddress.IPv4Network]:
     return found
 
 
-def _free_subnet(digest: int) -> str:
+def free_subnet(digest: int, taken: list[ipaddress.IPv4Network] | None = None) -> str:
     """A 10.a.b.0/24 for a job's hosts that no route of the machine's overlaps (another
-    job's bridge, a network the machine is on), chosen from ``digest``."""
-    taken = _routed_prefixes()
+    job's bridge, a network the machine is on), chosen from ``digest``; ``taken``: the
+    prefixes to avoid instead of this machine's routes (another machine's)."""
+    if taken is None:
+        taken = routed_prefixes()
     tries = [f"10.{100 + (digest + i) % 150}.{((digest >> 8) + i) % 256}" for i in range(64)]
     for prefix in tries:
         if not any(ipaddress.IPv4Network(f"{prefix}.0/24").overlaps(t) for t in taken):
@@ -380,7 +393,7 @@ def resolver_problem(resolv_conf: Path = Path("/etc/resolv.conf")) -> str | None
     return None
 
 
-def _inside_settings(cpu: int | None) -> str:
+def inside_settings(cpu: int | None) -> str:
     """A shell script that makes a namespace's own settings, printing the path of each
     it could not make. Unprivileged ports from 0: the job runs as an unprivileged user and
     binds low ports as it could on SageMaker. For a host on a bridge (its CPU given), TCP
@@ -408,7 +421,7 @@ class HostNetwork:
             raise SandboxError("network namespaces for hosts need root")
         tag = network_tag(job, os.getpid())
         self.bridge = f"tpb{tag}"
-        self.subnet = _free_subnet(int(tag, 16))
+        self.subnet = free_subnet(int(tag, 16))
         self.hosts = {
             h: NamespaceHost(h, f"tp-{tag}-{k}", f"{self.subnet}.{k + 1}")
             for k, h in ((int(h.rsplit("-", 1)[1]), h) for h in hosts)
@@ -437,7 +450,7 @@ class HostNetwork:
             raise SandboxError(f"a job's hosts reach the outside through NAT, but {firewall}")
         self._made = True
         # The job's elements first, meanwhile: the rules match interfaces by name.
-        mine = _mine(self.bridge, routed)
+        mine = bridge_elements(self.bridge, routed)
         nft = self._start(["nft", "-f", "-"], mine) if firewall is None else None
         gateway = f"{self.subnet}.1"
         # No IPv6 address of the machine's on the bridge or its ports, and for an isolated
@@ -456,7 +469,7 @@ class HostNetwork:
                 f"link add {outside} type veth peer name eth0 netns {nh.namespace}",
                 f"link set {outside} addrgenmode none master {self.bridge} up",
             ]
-        _batch(["ip", "-batch", "-"], machine)
+        batch(["ip", "-batch", "-"], machine)
         inside = []
         for nh in self.hosts.values():
             lines = ["link set lo up", f"addr add {nh.address}/24 dev eth0", "link set eth0 up"]
@@ -464,21 +477,21 @@ class HostNetwork:
                 lines.append(f"route add default via {gateway}")
             inside.append(self._start(["ip", "-n", nh.namespace, "-batch", "-"], lines))
         settings = [
-            self._start(["ip", "netns", "exec", nh.namespace, "sh", "-c", _inside_settings(nh.k)])
+            self._start(["ip", "netns", "exec", nh.namespace, "sh", "-c", inside_settings(nh.k)])
             for nh in self.hosts.values()
         ]
         if routed:
-            _forward_ipv4()
+            forward_ipv4()
         for nh in self.hosts.values():
             if problem := keep_in_order(self._outside(nh), nh.k):  # best effort
                 log.debug("could not steer %s to one CPU: %s", self._outside(nh), problem)
-        failed = [err for code, err in map(_finish, inside) if code != 0]
+        failed = [err for code, err in map(finish, inside) if code != 0]
         if failed:
             raise SandboxError(f"ip -n NAMESPACE -batch failed: {'; '.join(failed)}")
-        refused = {path for popen in settings for path in _finish(popen)[1].split()}
-        if nft is not None and _finish(nft)[0] != 0:
+        refused = {path for popen in settings for path in finish(popen)[1].split()}
+        if nft is not None and finish(nft)[0] != 0:
             # No table yet, or one of other rules: all of it, in one transaction.
-            _batch(["nft", "-f", "-"], [*_RULES, *mine])
+            batch(["nft", "-f", "-"], [*RULES, *mine])
         if self.bandwidth:
             for nh in self.hosts.values():
                 _tbf(self._outside(nh), rate=self.bandwidth)  # traffic into the host
@@ -493,7 +506,7 @@ class HostNetwork:
         )
 
     def _start(self, argv: list[str], lines: list[str] | None = None) -> subprocess.Popen[str]:
-        popen = _start(argv, lines or [])
+        popen = start_fed(argv, lines or [])
         self._running.append(popen)
         return popen
 
@@ -523,16 +536,16 @@ class HostNetwork:
         self._made = False
         for popen in self._running:  # a setup that failed halfway: nothing runs after this
             if popen.poll() is None:
-                _finish(popen)
+                finish(popen)
         self._running.clear()
-        _remove(self.tag, [nh.namespace for nh in self.hosts.values()])
+        remove_network(self.tag, [nh.namespace for nh in self.hosts.values()])
 
     def wrap(self, host: str, argv: tuple[str, ...]) -> tuple[str, ...]:
         """``argv`` run inside ``host``'s namespace."""
         return ("ip", "netns", "exec", self.hosts[host].namespace, *argv)
 
 
-def _forward_ipv4() -> None:
+def forward_ipv4() -> None:
     """Turn on IPv4 forwarding, which NAT for the hosts needs (left on: other jobs, or
     the machine's own containers, may need it too)."""
     path = Path("/proc/sys/net/ipv4/ip_forward")
@@ -559,8 +572,8 @@ class JobLoopback:
         try:
             _ip("netns", "add", self.namespace)
             _ip("-n", self.namespace, "link", "set", "lo", "up")
-            settings = ["ip", "netns", "exec", self.namespace, "sh", "-c", _inside_settings(None)]
-            if refused := _finish(_start(settings))[1]:  # best effort
+            settings = ["ip", "netns", "exec", self.namespace, "sh", "-c", inside_settings(None)]
+            if refused := finish(start_fed(settings))[1]:  # best effort
                 log.info("the hosts' ports below 1024 stay privileged: %s", refused)
         except BaseException:
             self.teardown()
