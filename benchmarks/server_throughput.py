@@ -1,13 +1,22 @@
 """Throughput and latency of the trainport server: DescribeTrainingJob and ListTrainingJobs
 with 1,000 jobs in the store, beside a trivial operation of the same server (the ceiling).
 
+With ``--jobs 1000,100000`` the same calls run against one store of each size in turn
+(a fresh server each), every ListTrainingJobs filter and sort among them, and a last table
+gives each call's rate at each size as a ratio to its rate at the first size.
+
 The server runs as ``trainport server`` in its own process, with SigV4 on. Clients are
 threads of this process, each with one keep-alive connection, replaying requests signed
 once by botocore (a signature stays valid for 15 minutes), so the client side costs as
 little as possible and all three operations pay the same protocol, signature check and
 HTTP costs. ``Trainport.Ping`` returns ``{}`` after exactly those costs.
 
-    python benchmarks/server_throughput.py [--seconds 3] [--clients 1,8,32]
+With ``--ref REF`` this tree's server and the server of git commit ``REF`` (a detached
+worktree, first on its ``PYTHONPATH``) serve copies of one store at the same time, and each
+call's rate is printed for both with their ratio: a change measured in one run.
+
+    python benchmarks/server_throughput.py [--seconds 3] [--clients 1,8,32] [--jobs 1000]
+        [--ref REF]
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -35,13 +45,20 @@ from trainport.jobs.records import JobRecord, MetricPoint, Transition
 
 KEY_ID, SECRET = "TPAKBENCHMARK0000001", "benchmark-secret"
 JOBS = 1000
+SPACING = 10.0  # seconds between two jobs' creation
+BATCH = 5000  # jobs per insert transaction
 
 
-def fill(db: JobDB, settings_region: str) -> None:
-    base = time.time() - 10 * JOBS
-    for i in range(JOBS):
-        name = f"bench-{i:04d}"
-        t0 = base + 10 * i
+def job_name(i: int) -> str:
+    return f"bench-{i:06d}"
+
+
+def fill(db: JobDB, settings_region: str, jobs: int = JOBS) -> None:
+    base = time.time() - SPACING * jobs
+    batch: list[JobRecord] = []
+    for i in range(jobs):
+        name = job_name(i)
+        t0 = base + SPACING * i
         status = ("Completed", "Failed", "Stopped")[i % 3]
         request = {
             "TrainingJobName": name,
@@ -75,7 +92,7 @@ def fill(db: JobDB, settings_region: str) -> None:
         transitions = tuple(
             Transition(s, t0 + k, t0 + k + 1, f"{s} message") for k, s in enumerate(steps)
         )
-        db.insert(
+        batch.append(
             JobRecord(
                 name=name,
                 arn=f"arn:aws:sagemaker:{settings_region}:000000000000:training-job/{name}",
@@ -91,6 +108,9 @@ def fill(db: JobDB, settings_region: str) -> None:
                 final_metrics=(MetricPoint("loss", 0.1, t0 + 4),),
             )
         )
+        if len(batch) == BATCH or i == jobs - 1:
+            db.insert_many(batch)
+            batch = []
 
 
 def signed(port: int, target: str, body: dict[str, object]) -> tuple[bytes, dict[str, str]]:
@@ -157,12 +177,93 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--clients", default="1,8,32")
-    args = parser.parse_args()
-    levels = [int(c) for c in args.clients.split(",")]
+def list_calls(jobs: int) -> dict[str, dict[str, object]]:
+    """Every ListTrainingJobs filter and sort, as a client would ask (100 per page)."""
+    last_hour = time.time() - 3600
+    return {
+        "List StatusEquals": {"StatusEquals": "Completed"},
+        "List StatusEquals, SortBy Name": {"StatusEquals": "Failed", "SortBy": "Name"},
+        "List SortBy Name": {"SortBy": "Name", "SortOrder": "Ascending"},
+        "List SortBy Status": {"SortBy": "Status"},
+        "List NameContains": {"NameContains": "bench-0"},
+        "List CreationTimeAfter (last hour)": {"CreationTimeAfter": last_hour},
+        "List CreationTimeBefore (first half)": {
+            "CreationTimeBefore": time.time() - SPACING * jobs / 2
+        },
+        "List LastModifiedTimeAfter (last hour)": {"LastModifiedTimeAfter": last_hour},
+        "List LastModifiedTimeBefore (first half)": {
+            "LastModifiedTimeBefore": time.time() - SPACING * jobs / 2
+        },
+    }
+
+
+def middle_token(port: int, params: dict[str, object], jobs: int) -> str:
+    """The NextToken of the page halfway through a 100-per-page listing."""
+    token = ""
+    for _ in range(jobs // 200):
+        body, headers = signed(
+            port, "SageMaker.ListTrainingJobs", {**params, "NextToken": token} if token else params
+        )
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/", body=body, headers=headers)
+        token = json.loads(conn.getresponse().read())["NextToken"]
+        conn.close()
+    return token
+
+
+def operations(port: int, jobs: int) -> dict[str, list[tuple[bytes, dict[str, str]]]]:
+    list_op = "SageMaker.ListTrainingJobs"
+    ops = {
+        "Ping (trivial)": [signed(port, "Trainport.Ping", {})],
+        "DescribeTrainingJob": [
+            signed(port, "SageMaker.DescribeTrainingJob", {"TrainingJobName": job_name(i)})
+            for i in range(0, jobs, max(1, jobs // 50))
+        ],
+        "ListTrainingJobs (10/page)": [signed(port, list_op, {})],
+        "ListTrainingJobs (100/page, filter)": [
+            signed(port, list_op, {"MaxResults": 100, "StatusEquals": "Completed"})
+        ],
+    }
+    for label, params in list_calls(jobs).items():
+        ops[label] = [signed(port, list_op, {"MaxResults": 100, **params})]
+    middle = {"MaxResults": 100}
+    ops["List a middle page (NextToken)"] = [
+        signed(port, list_op, {**middle, "NextToken": middle_token(port, middle, jobs)})
+    ]
+    return ops
+
+
+Cell = tuple[float, float, float, int]
+
+
+def start_server(env: dict[str, str], home: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``trainport server`` (with ``env``) on a free port, once it accepts connections."""
+    port = free_port()
+    log = home / "server.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "trainport.cli", "server", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "wb"),  # noqa: SIM115
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, port
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                print(log.read_text(), file=sys.stderr)
+                raise SystemExit(1) from None
+            time.sleep(0.1)
+
+
+def run_store(
+    jobs: int, levels: list[int], seconds: float, every_list: bool
+) -> dict[tuple[str, int], Cell]:
+    """Fill a store with ``jobs`` jobs, serve it, and measure each operation."""
+    results: dict[tuple[str, int], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="trainport-bench-") as tmp:
         env = {
             **os.environ,
@@ -170,64 +271,156 @@ def main() -> int:
             "TRAINPORT_SERVER_KEYS": f"{KEY_ID}:{SECRET}",
         }
         settings = load_settings(env)
-        fill(JobDB(settings.db_path), settings.region)
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "trainport.cli", "server", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(Path(tmp) / "server.log", "wb"),  # noqa: SIM115
-        )
+        fill(JobDB(settings.db_path), settings.region, jobs)
+        server, port = start_server(env, Path(tmp))
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or server.poll() is not None:
-                        print((Path(tmp) / "server.log").read_text(), file=sys.stderr)
-                        return 1
-                    time.sleep(0.1)
-            ops = {
-                "Ping (trivial)": [signed(port, "Trainport.Ping", {})],
-                "DescribeTrainingJob": [
-                    signed(
-                        port,
-                        "SageMaker.DescribeTrainingJob",
-                        {"TrainingJobName": f"bench-{i:04d}"},
-                    )
-                    for i in range(0, JOBS, 20)
-                ],
-                "ListTrainingJobs (10/page)": [signed(port, "SageMaker.ListTrainingJobs", {})],
-                "ListTrainingJobs (100/page, filter)": [
-                    signed(
-                        port,
-                        "SageMaker.ListTrainingJobs",
-                        {"MaxResults": 100, "StatusEquals": "Completed"},
-                    )
-                ],
-            }
+            ops = operations(port, jobs)
+            if not every_list:
+                ops = {k: v for k, v in ops.items() if not k.startswith("List ")}
             for reqs in ops.values():  # warm up every path
                 measure(port, reqs, 2, 0.3)
-            print(f"{JOBS} jobs in the store; {args.seconds:.0f} s per cell; {os.cpu_count()} CPUs")
-            header = f"{'operation':38} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
+            print(f"{jobs} jobs in the store; {seconds:.0f} s per cell; {os.cpu_count()} CPUs")
+            header = f"{'operation':42} {'clients':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}"
             print(header + f" {'vs trivial':>10}")
             ceiling: dict[int, float] = {}
             for label, reqs in ops.items():
                 for clients in levels:
-                    rate, p50, p99, errors = measure(port, reqs, clients, args.seconds)
+                    cell = measure(port, reqs, clients, seconds)
+                    rate, p50, p99, errors = cell
+                    results[label, clients] = cell
                     if label.startswith("Ping"):
                         ceiling[clients] = rate
                     ratio = rate / ceiling[clients] if ceiling.get(clients) else 0.0
                     note = f"  ({errors} errors)" if errors else ""
                     print(
-                        f"{label:38} {clients:7d} {rate:9.0f} {p50:8.2f} {p99:8.2f} "
-                        f"{ratio:9.2f}x{note}"
+                        f"{label:42} {clients:7d} {rate:9.0f} {p50:8.2f} {p99:8.2f} "
+                        f"{ratio:9.2f}x{note}",
+                        flush=True,
                     )
         finally:
             server.terminate()
             server.wait(timeout=10)
+    return results
+
+
+def worktree(ref: str, where: Path) -> Path:
+    """This repository at ``ref``, checked out (detached) at ``where``."""
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", "--force", str(where), ref],
+        check=True,
+        capture_output=True,
+    )
+    return where
+
+
+def drop_worktree(where: Path) -> None:
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "remove", "--force", str(where)], capture_output=True
+    )
+
+
+def compare(ref: str, jobs: int, levels: list[int], seconds: float) -> None:
+    """This tree's server beside the server of commit ``ref``, cell by cell.
+
+    Both serve copies of one store at once; each cell is measured old, new, new, old and
+    each server's two rates averaged, so a machine that grows busier or quieter during the
+    run weighs on both alike."""
+    with tempfile.TemporaryDirectory(prefix="trainport-bench-") as tmp:
+        homes = {"new": Path(tmp) / "new", "old": Path(tmp) / "old"}
+        base = {**os.environ, "TRAINPORT_SERVER_KEYS": f"{KEY_ID}:{SECRET}"}
+        settings = load_settings({**base, "TRAINPORT_HOME": str(homes["new"])})
+        fill(JobDB(settings.db_path), settings.region, jobs)
+        shutil.copytree(homes["new"], homes["old"])
+        code = worktree(ref, Path(tmp) / "code")
+        envs = {
+            "new": {**base, "TRAINPORT_HOME": str(homes["new"])},
+            "old": {
+                **base,
+                "TRAINPORT_HOME": str(homes["old"]),
+                "PYTHONPATH": str(code / "src"),
+            },
+        }
+        servers: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        try:
+            for which, env in envs.items():
+                servers[which] = start_server(env, homes[which])
+            ops = {which: operations(port, jobs) for which, (_, port) in servers.items()}
+            for which, (_, port) in servers.items():
+                for reqs in ops[which].values():  # warm up every path
+                    measure(port, reqs, 2, 0.3)
+            print(
+                f"{jobs} jobs in the store; this tree (new) beside {ref} (old); "
+                f"{seconds:.0f} s per cell, each measured twice; {os.cpu_count()} CPUs"
+            )
+            print(
+                f"{'operation':42} {'clients':>7} {'new req/s':>10} {'old req/s':>10} "
+                f"{'new/old':>8} {'new p50':>8} {'old p50':>8} {'new p99':>8} {'old p99':>8}"
+            )
+            for label in ops["new"]:
+                if label.startswith("List "):
+                    continue
+                for clients in levels:
+                    cells: dict[str, list[Cell]] = {"new": [], "old": []}
+                    for which in ("old", "new", "new", "old"):
+                        port = servers[which][1]
+                        cells[which].append(measure(port, ops[which][label], clients, seconds))
+                    rate = {w: statistics.mean(c[0] for c in cells[w]) for w in cells}
+                    p50 = {w: statistics.mean(c[1] for c in cells[w]) for w in cells}
+                    p99 = {w: statistics.mean(c[2] for c in cells[w]) for w in cells}
+                    errors = sum(c[3] for w in cells for c in cells[w])
+                    note = f"  ({errors} errors)" if errors else ""
+                    print(
+                        f"{label:42} {clients:7d} {rate['new']:10.0f} {rate['old']:10.0f} "
+                        f"{rate['new'] / rate['old'] if rate['old'] else 0.0:7.2f}x "
+                        f"{p50['new']:8.2f} {p50['old']:8.2f} {p99['new']:8.2f} "
+                        f"{p99['old']:8.2f}{note}",
+                        flush=True,
+                    )
+        finally:
+            for server, _ in servers.values():
+                server.terminate()
+                server.wait(timeout=10)
+            drop_worktree(code)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument(
+        "--jobs",
+        default=str(JOBS),
+        help="jobs in the store, or several sizes (1000,100000) to compare each call's rate",
+    )
+    parser.add_argument(
+        "--ref",
+        help="also serve the store with trainport as of this git commit, and print each "
+        "call's rate beside this tree's",
+    )
+    args = parser.parse_args()
+    levels = [int(c) for c in args.clients.split(",")]
+    sizes = [int(n) for n in args.jobs.split(",")]
+    if args.ref:
+        for jobs in sizes:
+            compare(args.ref, jobs, levels, args.seconds)
+        return 0
+    every_list = len(sizes) > 1
+    runs = {n: run_store(n, levels, args.seconds, every_list) for n in sizes}
+    if every_list:
+        first, *others = sizes
+        print(
+            f"\nrate at each size / rate at {first} jobs (1.00 = as fast; below 0.67 = "
+            "more than 1.5x slower)"
+        )
+        print(f"{'operation':42} {'clients':>7} " + " ".join(f"{n:>9}" for n in others))
+        for label, clients in runs[first]:
+            base = runs[first][label, clients][0]
+            cells = " ".join(
+                f"{runs[n][label, clients][0] / base if base else 0.0:9.2f}" for n in others
+            )
+            print(f"{label:42} {clients:7d} {cells}")
     return 0
 
 

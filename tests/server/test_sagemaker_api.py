@@ -78,6 +78,41 @@ def test_list_pages_and_filters(sm: Any, server: Any) -> None:
     assert "NextToken" not in recent
 
 
+def test_list_filters_on_what_no_job_has_match_no_job(sm: Any, server: Any) -> None:
+    from trainport.jobs.records import JobRecord
+
+    for name in ("kept-a", "kept-b"):
+        server.service.db.insert(
+            JobRecord(name=name, arn=server.service.arn(name), request={}, creation_time=1.0)
+        )
+    assert len(sm.list_training_jobs()["TrainingJobSummaries"]) == 2
+    # No trainport job runs in a warm pool or under a training plan; in SageMaker such a
+    # job never matches these filters.
+    assert sm.list_training_jobs(WarmPoolStatusEquals="Available")["TrainingJobSummaries"] == []
+    plan = "arn:aws:sagemaker:us-east-1:000000000000:training-plan/a-plan-of-the-team"
+    assert sm.list_training_jobs(TrainingPlanArnEquals=plan)["TrainingJobSummaries"] == []
+    with pytest.raises(ClientError) as err:
+        sm.list_training_jobs(TrainingPlanArnEquals="arn:aws:sagemaker:" + "x" * 60)
+    assert "TrainingPlanArnEquals" in err.value.response["Error"]["Message"]
+
+
+def test_a_next_token_continues_only_its_own_order(sm: Any, server: Any) -> None:
+    from trainport.jobs.records import JobRecord
+
+    for i in range(3):
+        name = f"ordered-{i}"
+        server.service.db.insert(
+            JobRecord(name=name, arn=server.service.arn(name), request={}, creation_time=1.0 + i)
+        )
+    first = sm.list_training_jobs(MaxResults=1, SortBy="Name")
+    with pytest.raises(ClientError) as err:
+        sm.list_training_jobs(MaxResults=1, SortBy="CreationTime", NextToken=first["NextToken"])
+    message = err.value.response["Error"]["Message"]
+    assert "NextToken" in message and "sorted by Name" in message
+    second = sm.list_training_jobs(MaxResults=1, SortBy="Name", NextToken=first["NextToken"])
+    assert [s["TrainingJobName"] for s in second["TrainingJobSummaries"]] == ["ordered-1"]
+
+
 def test_stop_running_job(sm: Any) -> None:
     sm.create_training_job(**job("sleeper", SLEEP))
     wait_for(sm, "sleeper", ("Training",))

@@ -4,6 +4,12 @@ One row per job holds the record as JSON beside the columns lists filter and sor
 Updates are read-modify-write inside ``BEGIN IMMEDIATE`` so the supervisor, the CLI and the
 server can all write the same job without losing each other's changes. WAL mode lets readers
 go on while a writer writes.
+
+A list is read off an index in its sort order and stops at its page's size, whatever the
+number of jobs: every sort has an index, a status filter has one per sort, and a page after
+the first starts at the sort key of the previous page's last job (a keyset) rather than
+skipping rows. The file is made whole or not at all (built aside, then linked into place),
+so a file that is empty or is no SQLite database is damage to report, never to overwrite.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +28,7 @@ from typing import Any
 from trainport.errors import DatabaseError, NotFoundError, ResourceInUseError
 from trainport.jobs.records import JobRecord, MetricPoint
 
-__all__ = ["JobDB", "JobSummary", "ListQuery"]
+__all__ = ["JobDB", "JobSummary", "ListQuery", "PageKey", "list_sql"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -31,11 +38,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_modified_time REAL NOT NULL,
     doc TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
--- One index per ListTrainingJobs order (ties broken by name), so a page is read off the
--- index and stops at LIMIT instead of sorting every row with its JSON.
+-- One index per ListTrainingJobs order (ties broken by name; the primary key orders by
+-- name), and one per order under a status filter, so a page is read off an index and
+-- stops at LIMIT instead of sorting every matching row.
+DROP INDEX IF EXISTS jobs_by_status;
 CREATE INDEX IF NOT EXISTS jobs_by_creation_name ON jobs (creation_time, name);
 CREATE INDEX IF NOT EXISTS jobs_by_status_name ON jobs (status, name);
+CREATE INDEX IF NOT EXISTS jobs_by_status_creation_name ON jobs (status, creation_time, name);
+CREATE INDEX IF NOT EXISTS jobs_by_modified ON jobs (last_modified_time);
 CREATE TABLE IF NOT EXISTS metrics (
     job TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -48,6 +58,9 @@ CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics (job, name, ts);
 # Below this much free space a failing SQLite is taken to be out of room: a connection
 # needs 32 KiB for the WAL index, and a write some pages of log.
 _ROOM_NEEDED = 256 << 10
+
+# The first 16 bytes of every SQLite database file.
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 _SORT_COLUMNS = {"Name": "name", "CreationTime": "creation_time", "Status": "status"}
 
@@ -66,6 +79,15 @@ class JobSummary:
 
 
 @dataclass(frozen=True)
+class PageKey:
+    """Where a page of a list ends: the last job's value of the sort column, and its name
+    (which breaks ties). The next page starts after it."""
+
+    value: str | float
+    name: str
+
+
+@dataclass(frozen=True)
 class ListQuery:
     name_contains: str | None = None
     status_equals: str | None = None
@@ -75,17 +97,113 @@ class ListQuery:
     modified_before: float | None = None
     sort_by: str = "CreationTime"
     sort_order: str = "Descending"
-    offset: int = 0
+    after: PageKey | None = None
     limit: int | None = None
+
+    def key_of(self, job: JobSummary | JobRecord) -> PageKey:
+        """The key a page that ends at ``job`` hands on to the next."""
+        value: str | float
+        if self.sort_by == "Name":
+            value = job.name
+        elif self.sort_by == "Status":
+            value = job.status
+        else:
+            value = job.creation_time
+        return PageKey(value, job.name)
+
+
+def _damaged(path: Path, what: str) -> DatabaseError:
+    return DatabaseError(
+        f"the job database {path} {what}; trainport leaves it as it is. Move it aside "
+        f"(mv {path} {path}.damaged) to start with an empty job list, or put back a copy "
+        "from a backup"
+    )
+
+
+def _check_file(path: Path) -> None:
+    """Refuse a database file that cannot be one: SQLite takes an empty file for a new,
+    empty database and would show no jobs without a word."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise DatabaseError(f"the job database {path} cannot be read: {exc}") from exc
+    if not head:
+        raise _damaged(path, "is empty (0 bytes), so its jobs are lost")
+    if head != _SQLITE_HEADER:
+        raise _damaged(path, "is not a SQLite database (its first bytes are not SQLite's)")
+
+
+def list_sql(columns: str, query: ListQuery) -> tuple[str, builtins.list[object]]:
+    """The SELECT of ``columns`` that answers ``query``, and its arguments."""
+    where: builtins.list[str] = []
+    args: builtins.list[object] = []
+    if query.name_contains:
+        where.append("instr(lower(name), lower(?)) > 0")
+        args.append(query.name_contains)
+    # A job is modified at or after its creation, so a bound on one time bounds the
+    # other too: the implied range lets an index of either time serve the filter.
+    for column, op, value in (
+        ("status", "=", query.status_equals),
+        ("creation_time", ">", query.creation_after),
+        ("creation_time", "<", query.creation_before),
+        ("last_modified_time", ">", query.modified_after),
+        ("last_modified_time", "<", query.modified_before),
+        ("last_modified_time", ">=", query.creation_after),
+        ("creation_time", "<=", query.modified_before),
+    ):
+        if value is not None:
+            where.append(f"{column} {op} ?")
+            args.append(value)
+    column = _SORT_COLUMNS.get(query.sort_by, "creation_time")
+    order, past = ("ASC", ">") if query.sort_order == "Ascending" else ("DESC", "<")
+    if query.after is not None:
+        # A row value compares column by column, so the index serves it as one range.
+        if column == "name" or (column == "status" and query.status_equals):
+            where.append(f"name {past} ?")
+            args.append(query.after.name)
+        else:
+            where.append(f"({column}, name) {past} (?, ?)")
+            args += [query.after.value, query.after.name]
+    sql = f"SELECT {columns} FROM jobs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY {column} {order}" + (f", name {order}" if column != "name" else "")
+    if query.limit is not None:
+        sql += " LIMIT ?"
+        args.append(query.limit)
+    return sql, args
 
 
 class JobDB:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            self._create()
+        _check_file(path)
         with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
+            conn.executescript(_SCHEMA)  # a file of an older trainport gets today's indexes
+
+    def _create(self) -> None:
+        """Make the database file whole beside its place and link it in: a process that
+        finds the file sees a complete database, never one half made."""
+        new = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            conn = sqlite3.connect(new, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(_SCHEMA)
+            finally:
+                conn.close()
+            with contextlib.suppress(FileExistsError):  # another process made it first
+                os.link(new, self.path)
+        except (OSError, sqlite3.Error) as exc:
+            raise DatabaseError(f"the job database {self.path} cannot be created: {exc}") from exc
+        finally:
+            for leftover in (new, Path(f"{new}-wal"), Path(f"{new}-shm")):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -99,8 +217,14 @@ class JobDB:
                 yield conn
             finally:
                 conn.close()
+        except sqlite3.IntegrityError:
+            raise  # a caller's to translate (a name taken)
         except sqlite3.OperationalError as exc:
             raise self._failed(exc) from exc
+        except sqlite3.DatabaseError as exc:
+            # "file is not a database", "database disk image is malformed": damage found
+            # past the header's check.
+            raise _damaged(self.path, f"is damaged (SQLite says: {exc})") from exc
 
     def _failed(self, exc: sqlite3.OperationalError) -> DatabaseError:
         """SQLite's error as ours; on a full disk it reports only "disk I/O error", since
@@ -146,6 +270,14 @@ class JobDB:
                     "TrainingJobName (names are unique, as in SageMaker)"
                 ) from exc
 
+    def insert_many(self, records: Sequence[JobRecord]) -> None:
+        """Insert ``records`` in one transaction (an import, a benchmark's fill)."""
+        with self._write() as conn:
+            try:
+                conn.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?)", map(self._row, records))
+            except sqlite3.IntegrityError as exc:
+                raise ResourceInUseError(f"a training job name is taken already: {exc}") from exc
+
     def exists(self, name: str) -> bool:
         with self._connect() as conn:
             return conn.execute("SELECT 1 FROM jobs WHERE name = ?", (name,)).fetchone() is not None
@@ -174,30 +306,7 @@ class JobDB:
             return new
 
     def _select(self, columns: str, query: ListQuery) -> builtins.list[tuple[Any, ...]]:
-        where: builtins.list[str] = []
-        args: builtins.list[object] = []
-        if query.name_contains:
-            where.append("instr(lower(name), lower(?)) > 0")
-            args.append(query.name_contains)
-        for column, op, value in (
-            ("status", "=", query.status_equals),
-            ("creation_time", ">", query.creation_after),
-            ("creation_time", "<", query.creation_before),
-            ("last_modified_time", ">", query.modified_after),
-            ("last_modified_time", "<", query.modified_before),
-        ):
-            if value is not None:
-                where.append(f"{column} {op} ?")
-                args.append(value)
-        column = _SORT_COLUMNS.get(query.sort_by, "creation_time")
-        order = "ASC" if query.sort_order == "Ascending" else "DESC"
-        sql = f"SELECT {columns} FROM jobs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY {column} {order}, name {order}"
-        if query.limit is not None:
-            sql += " LIMIT ? OFFSET ?"
-            args += [query.limit, query.offset]
+        sql, args = list_sql(columns, query)
         with self._connect() as conn:
             return conn.execute(sql, args).fetchall()
 
@@ -212,6 +321,19 @@ class JobDB:
             query,
         )
         return [JobSummary(*row) for row in rows]
+
+    def created(self, prefix: str = "") -> builtins.list[tuple[str, float]]:
+        """The name and creation time of every job whose name starts with ``prefix``, in
+        name order (read off the primary key's index)."""
+        sql = "SELECT name, creation_time FROM jobs"
+        args: tuple[str, ...] = ()
+        if prefix:
+            # Every name that starts with the prefix sorts between it and it followed by
+            # the last code point.
+            sql += " WHERE name >= ? AND name < ?"
+            args = (prefix, prefix + "\U0010ffff")
+        with self._connect() as conn:
+            return conn.execute(sql + " ORDER BY name", args).fetchall()
 
     def names_in_status(self, statuses: Sequence[str]) -> builtins.list[str]:
         marks = ",".join("?" * len(statuses))

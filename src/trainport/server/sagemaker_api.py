@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from trainport.errors import ValidationError
-from trainport.jobs.db import JobSummary, ListQuery
+from trainport.jobs.db import JobSummary, ListQuery, PageKey
 from trainport.jobs.records import JobRecord
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
@@ -27,6 +27,9 @@ _STATUSES = tuple(s.value for s in Status)
 _SORT_BY = ("Name", "CreationTime", "Status")
 _SORT_ORDER = ("Ascending", "Descending")
 _MAX_TAGS = 50  # per resource, as in SageMaker
+# ListTrainingJobs filters on things no trainport job has (a warm pool, a training plan):
+# in SageMaker a job without one never matches them, so here no job does.
+_ABSENT_FILTERS = ("WarmPoolStatusEquals", "TrainingPlanArnEquals")
 
 
 def _string(params: dict[str, Any], field: str, *, required: bool = False) -> str | None:
@@ -75,6 +78,32 @@ def _decode_token(token: str) -> int:
     if not isinstance(offset, int) or offset < 0:
         raise ValidationError("NextToken: invalid pagination token")
     return offset
+
+
+def _encode_page_key(query: ListQuery, key: PageKey) -> str:
+    doc = {"sort": query.sort_by, "order": query.sort_order, "after": [key.value, key.name]}
+    return base64.urlsafe_b64encode(json.dumps(doc).encode()).decode()
+
+
+def _decode_page_key(token: str, sort_by: str, sort_order: str) -> PageKey:
+    """The key a ListTrainingJobs NextToken carries: where the previous page ended."""
+    invalid = ValidationError("NextToken: invalid pagination token")
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token.encode()))
+        value, name = doc["after"]
+        made_for = (doc["sort"], doc["order"])
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise invalid from exc
+    if made_for != (sort_by, sort_order):
+        raise ValidationError(
+            f"NextToken: the token continues a list sorted by {made_for[0]} "
+            f"{made_for[1]}, not by {sort_by} {sort_order}; ask for the same order "
+            "as the first page"
+        )
+    wanted = str if sort_by in ("Name", "Status") else int | float
+    if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, wanted):
+        raise invalid
+    return PageKey(value, name)
 
 
 def summary(record: JobRecord | JobSummary) -> dict[str, Any]:
@@ -130,10 +159,7 @@ class SageMakerApi:
     def _tagged_job(self, operation: str, params: dict[str, Any]) -> str:
         """The training job a tag request's ResourceArn names, after checking the request
         against the service model."""
-        root, shapes = request_shapes(operation, self.service.settings.home / "cache")
-        problems = validate(params, root, shapes)
-        if problems:
-            raise ValidationError(f"invalid {operation} request:\n  " + "\n  ".join(problems))
+        self._checked(operation, params)
         arn = params["ResourceArn"]
         name = arn.partition(":training-job/")[2]
         if not name or self.service.arn(name) != arn:
@@ -186,11 +212,13 @@ class SageMakerApi:
         return out
 
     def list_training_jobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        self._checked("ListTrainingJobs", params)
         limit = params.get("MaxResults", 10)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 100:
             raise ValidationError("MaxResults: expected an integer from 1 to 100")
+        sort_by = _choice(params, "SortBy", _SORT_BY) or "CreationTime"
+        sort_order = _choice(params, "SortOrder", _SORT_ORDER) or "Descending"
         token = _string(params, "NextToken")
-        offset = _decode_token(token) if token else 0
         query = ListQuery(
             name_contains=_string(params, "NameContains"),
             status_equals=_choice(params, "StatusEquals", _STATUSES),
@@ -198,13 +226,24 @@ class SageMakerApi:
             creation_before=_timestamp(params, "CreationTimeBefore"),
             modified_after=_timestamp(params, "LastModifiedTimeAfter"),
             modified_before=_timestamp(params, "LastModifiedTimeBefore"),
-            sort_by=_choice(params, "SortBy", _SORT_BY) or "CreationTime",
-            sort_order=_choice(params, "SortOrder", _SORT_ORDER) or "Descending",
-            offset=offset,
+            sort_by=sort_by,
+            sort_order=sort_order,
+            after=_decode_page_key(token, sort_by, sort_order) if token else None,
             limit=limit + 1,  # one more tells whether there is a next page
         )
+        if any(params.get(f) is not None for f in _ABSENT_FILTERS):
+            return {"TrainingJobSummaries": []}
         records = self.service.list_summaries(query)
-        out: dict[str, Any] = {"TrainingJobSummaries": [summary(r) for r in records[:limit]]}
+        page = records[:limit]
+        out: dict[str, Any] = {"TrainingJobSummaries": [summary(r) for r in page]}
         if len(records) > limit:
-            out["NextToken"] = _encode_token(offset + limit)
+            out["NextToken"] = _encode_page_key(query, query.key_of(page[-1]))
         return out
+
+    def _checked(self, operation: str, params: dict[str, Any]) -> None:
+        """Refuse ``params`` where SageMaker's service model does (unknown fields, values
+        outside an enum or a pattern), in botocore's words."""
+        root, shapes = request_shapes(operation, self.service.settings.home / "cache")
+        problems = validate(params, root, shapes)
+        if problems:
+            raise ValidationError(f"invalid {operation} request:\n  " + "\n  ".join(problems))
