@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -411,3 +412,37 @@ def test_the_note_when_hosts_share_the_machines_network(service: JobService) -> 
     assert record.status == "Completed", record.failure_reason
     training = [t.message for t in record.transitions if t.status == "Training"]
     assert any("share this machine's network" in m for m in training), training
+
+
+# -- on a Ray node ----------------------------------------------------------------------------
+
+MAKE_OVERLAY_AND_DIE = """
+import os, sys
+from trainport.runners.overlay import Overlay, OverlayHost
+overlay = Overlay('10.123.45', 4242, {'algo-1': '127.0.0.1'}, 1400, False, ())
+host = OverlayHost(overlay, 'algo-1').__enter__()
+print(host.namespace, host.tag, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_job_network_whose_maker_died_is_removed_by_the_next(own_networks: None) -> None:
+    """A Ray worker killed with its driver leaves its host's namespace, bridge and VXLAN
+    device behind; the next host made on that node removes them."""
+    from trainport.runners.overlay import remove_left_overlays
+
+    made = subprocess.run(
+        [sys.executable, "-c", MAKE_OVERLAY_AND_DIE], capture_output=True, text=True
+    )
+    assert made.returncode == -9, made.stderr
+    namespace, tag = made.stdout.split()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert namespace in listed
+    assert Path(f"/sys/class/net/tpb{tag}").exists() and Path(f"/sys/class/net/tpx{tag}").exists()
+    assert f"tpb{tag}" in firewall_elements()
+    assert namespace in remove_left_overlays()
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert namespace not in listed
+    assert not Path(f"/sys/class/net/tpb{tag}").exists()
+    assert not Path(f"/sys/class/net/tpx{tag}").exists()
+    assert f"tpb{tag}" not in firewall_elements()

@@ -14,6 +14,7 @@ from trainport.config import load_settings
 from trainport.errors import ValidationError
 from trainport.jobs.service import JobService
 from trainport.placement.ray import NodeInfo, check_ray_job, isolation_problem, version_problem
+from trainport.runners.overlay import NodeNetwork, Overlay, plan_overlay
 from trainport.spec import parse_request
 
 
@@ -38,8 +39,7 @@ def test_what_the_ray_runner_cannot_run_is_refused_at_submission() -> None:
         EnableNetworkIsolation=True,
         ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 2, "VolumeSizeInGB": 1},
     )
-    with pytest.raises(ValidationError, match="EnableNetworkIsolation with several hosts"):
-        check_ray_job(parse_request(isolated))
+    check_ray_job(parse_request(isolated))  # the nodes decide (see plan_overlay)
     check_ray_job(parse_request(request("iso-1", EnableNetworkIsolation=True)))
     emulated = request("ns", Tags=[{"Key": "trainport:network", "Value": "namespaces"}])
     with pytest.raises(ValidationError, match="its own node and network"):
@@ -145,3 +145,34 @@ def test_a_cluster_that_does_not_answer_is_said_at_submission(
     assert "cannot reach the Ray cluster at RAY_ADDRESS=127.0.0.1:" in said
     assert "no Ray head runs there" in said and "Set RAY_ADDRESS" in said
     assert not service.db.exists("no-head")  # nothing stored
+
+
+def network(address: str, problem: str | None = None, mtu: int = 1500) -> NodeNetwork:
+    return NodeNetwork(address, mtu, ("10.0.0.0/24", "10.100.0.0/16"), problem)
+
+
+def test_a_job_network_across_nodes_is_one_subnet_clear_of_every_nodes_routes() -> None:
+    nodes = {"algo-1": network("10.0.0.2"), "algo-2": network("10.0.0.3", mtu=9001)}
+    made = plan_overlay("run-1", nodes, isolated=False, cluster=("10.0.0.2", "10.0.0.3"))
+    assert isinstance(made, Overlay)
+    assert made.addresses() == {"algo-1": f"{made.subnet}.2", "algo-2": f"{made.subnet}.3"}
+    assert (made.gateway("algo-1"), made.gateway("algo-2")) == (
+        f"{made.subnet}.129",
+        f"{made.subnet}.130",
+    )
+    assert not made.subnet.startswith("10.100.")  # a node has a route there
+    assert made.mtu == 1450  # the smaller node's, less VXLAN's headers
+    assert made.nodes == {"algo-1": "10.0.0.2", "algo-2": "10.0.0.3"}
+    again = plan_overlay("run-2", nodes, isolated=False, cluster=())
+    assert isinstance(again, Overlay) and again.vni != made.vni  # a retry is another network
+    assert 0 < made.vni < 1 << 24
+
+
+def test_a_node_that_cannot_make_a_job_network_is_named() -> None:
+    nodes = {"algo-1": network("10.0.0.2"), "algo-2": network("10.0.0.3", "needs root")}
+    said = plan_overlay("run", nodes, isolated=False, cluster=())
+    assert said == ("host algo-2's node 10.0.0.3 cannot give it a network of its own (needs root)")
+    many = {f"algo-{k}": network(f"10.0.1.{k}") for k in range(1, 128)}
+    assert plan_overlay("run", many, isolated=False, cluster=()) == (
+        "a job network holds at most 126 hosts, and the job has 127"
+    )

@@ -3,9 +3,12 @@
 The supervisor (a Ray driver, connected to the cluster ``RAY_ADDRESS`` names) reserves one
 bundle per host in a placement group with the STRICT_SPREAD strategy, so no two hosts share
 a node, as no two SageMaker instances share a machine. It then starts one
-:class:`HostActor` in each bundle and asks each for its node's address: ``algo-k`` maps to
-the address of the node holding bundle k-1 in every host's ``/etc/hosts``, so torchrun's
-``--master_addr algo-1`` and a BYO job's own sockets reach across nodes.
+:class:`HostActor` in each bundle and asks each what its node is and can make. Where every
+node can, the job's hosts get a network of their own across their nodes
+(:mod:`trainport.runners.overlay`): ``algo-k`` is the host's address there in every host's
+``/etc/hosts``, so torchrun's ``--master_addr algo-1`` and a BYO job's own sockets reach
+across nodes while other jobs on the same nodes, and the nodes themselves, stay out of
+reach. Otherwise ``algo-k`` maps to the address of the node holding bundle k-1.
 
 On its node an actor runs the same :class:`~trainport.host.agent.HostAgent` the local
 placement runs, under a home of its own (the node's disk, never the submitter's job folder)
