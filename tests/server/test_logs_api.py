@@ -21,7 +21,7 @@ def test_get_log_events_follows_forward_tokens(sm: Any, server: Any) -> None:
     created = int(done["CreationTime"].timestamp())
     assert stream["logStreamName"] == f"logged/algo-1-{created}"
 
-    lines: list[str] = []
+    events: list[dict[str, Any]] = []
     token = None
     calls = 0
     while True:
@@ -35,13 +35,19 @@ def test_get_log_events_follows_forward_tokens(sm: Any, server: Any) -> None:
             params["nextToken"] = token
         page = logs.get_log_events(**params)
         calls += 1
-        lines += [e["message"] for e in page["events"]]
+        events += page["events"]
         if page["nextForwardToken"] == token:  # CloudWatch's end-of-stream signal
             break
         token = page["nextForwardToken"]
-    assert lines == [f"epoch {i} loss={1 / (i + 1):.3f}" for i in range(4)]
+    assert [e["message"] for e in events] == [f"epoch {i} loss={1 / (i + 1):.3f}" for i in range(4)]
     assert calls >= 3  # two pages of at most 3 events, then the unchanged token
-    assert all(e["timestamp"] > 0 for e in page["events"]) or not page["events"]
+    # Every event carries the time its line was written, in epoch milliseconds: within the
+    # job's life (its recorded times are whole seconds at worst), in the order written.
+    stamps = [e["timestamp"] for e in events]
+    first_ms = int(done["CreationTime"].timestamp()) * 1000
+    last_ms = (int(done["TrainingEndTime"].timestamp()) + 1) * 1000
+    assert all(first_ms <= t <= last_ms for t in stamps), (first_ms, stamps, last_ms)
+    assert stamps == sorted(stamps)
 
     with pytest.raises(ClientError) as err:
         logs.get_log_events(logGroupName=GROUP, logStreamName="logged/algo-1-1")
