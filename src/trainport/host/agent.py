@@ -156,7 +156,7 @@ class HostAgent:
         self.metrics = MetricMatcher(
             plan.spec.metric_definitions,
             on_points=self._metrics_found,
-            on_disabled=lambda message: self._log_line(f"[trainport] {message}"),
+            on_warning=lambda message: self._log_line(f"[trainport] {message}"),
         )
         self._process: HostProcess | None = None
         self._stop = threading.Event()

@@ -7,8 +7,11 @@ supervisor, one such match would stall log capture, stop and MaxRuntimeInSeconds
 fed one line at a time through a pipe. The child gives each line a CPU-time budget with a
 kernel timer whose default action ends the process, so a runaway match ends it even if
 nobody is reading; the parent sees the pipe close, logs a warning and matches no more
-lines for that job. Metrics are best-effort; logs and stop are not: :meth:`feed` never
-waits, and lines arriving faster than they can be matched are left unmatched.
+lines for that job. Metrics are best-effort; logs, stop and the job's end are not:
+:meth:`feed` never waits, lines arriving faster than they can be matched are left
+unmatched, and :meth:`close` gives what is still queued at most :data:`END_GRACE_SECONDS`
+(lines each just under the budget would otherwise hold the job's end for as long as the
+backlog takes), leaving the rest unmatched with one warning in the job's log.
 
 Pipe protocol, one JSON document per line: parent -> child the definitions
 (``[[name, regex], ...]``), then each log line as a string; child -> parent ``"ready"``
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import re
@@ -35,12 +39,14 @@ from typing import IO
 from trainport.errors import ValidationError
 from trainport.jobs.records import MetricPoint
 
-__all__ = ["MATCH_BUDGET_SECONDS", "MetricMatcher", "MetricParser"]
+__all__ = ["END_GRACE_SECONDS", "MATCH_BUDGET_SECONDS", "MetricMatcher", "MetricParser"]
 
 log = logging.getLogger(__name__)
 
 #: CPU seconds one log line may take to match against every definition.
 MATCH_BUDGET_SECONDS = 1.0
+#: Wall seconds the job's end leaves the matcher for the lines still queued.
+END_GRACE_SECONDS = 2.0
 _FLUSH_EVERY = 0.5  # seconds between batches of points handed on
 _BACKLOG = 10_000  # lines waiting to be matched; more are left unmatched
 _SLACK = 30.0  # wall seconds over the budget before the parent gives up on a reply
@@ -87,8 +93,9 @@ class _Gone(Exception):
 class MetricMatcher:
     """Metric points from log lines, matched in a child process; see the module docstring.
 
-    ``on_points`` receives batches of points (from a thread of this object);
-    ``on_disabled`` receives one sentence when matching stops for good.
+    ``on_points`` receives batches of points (from a thread of this object); ``on_warning``
+    receives a sentence for the job's log when lines go unmatched: once if matching stops
+    for good, and once at :meth:`close` for the lines it left.
     """
 
     def __init__(
@@ -96,43 +103,63 @@ class MetricMatcher:
         definitions: Sequence[tuple[str, str]],
         *,
         on_points: Callable[[list[MetricPoint]], None],
-        on_disabled: Callable[[str], None],
+        on_warning: Callable[[str], None],
         budget: float = MATCH_BUDGET_SECONDS,
+        end_grace: float = END_GRACE_SECONDS,
     ) -> None:
         self.definitions = list(definitions)
         self.on_points = on_points
-        self.on_disabled = on_disabled
+        self.on_warning = on_warning
         self.budget = budget
-        self._lines: queue.Queue[tuple[str, float] | None] = queue.Queue(_BACKLOG)
+        self.end_grace = end_grace
+        # Unbounded, so that close() can always queue its end; feed() keeps the bound.
+        self._lines: queue.Queue[tuple[str, float] | None] = queue.Queue()
         self._disabled = threading.Event()
+        self._closing = threading.Event()
+        self._end_by = math.inf  # when close() stops matching (monotonic seconds)
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._proc_lock = threading.Lock()  # the worker starts it, close() may end it
+        self._abandoned = False
         self._buffer = b""
-        self._skipped = 0
+        self._too_fast = 0  # lines refused with the backlog full
+        self._left = 0  # lines still queued when the job ended
 
     def __bool__(self) -> bool:
         return bool(self.definitions)
 
     def feed(self, line: str, timestamp: float) -> None:
         """Queue ``line`` for matching; never waits."""
-        if not self.definitions or self._disabled.is_set():
+        if not self.definitions or self._disabled.is_set() or self._closing.is_set():
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="metric-matcher", daemon=True)
             self._thread.start()
-        try:
-            self._lines.put_nowait((line, timestamp))
-        except queue.Full:
-            self._skipped += 1
+        if self._lines.qsize() >= _BACKLOG:
+            self._too_fast += 1
+            return
+        self._lines.put_nowait((line, timestamp))
 
     def close(self) -> None:
-        """Match what is queued, hand on the last points, and end the matcher process."""
+        """Hand on the points matched within :attr:`end_grace` seconds and end the matcher
+        process; lines still queued then are left unmatched, with one warning."""
         if self._thread is None:
             return
-        self._lines.put(None)
-        self._thread.join()
-        if self._skipped:
-            log.warning("%d log lines came too fast to be matched for metrics", self._skipped)
+        self._end_by = time.monotonic() + self.end_grace
+        self._closing.set()
+        self._lines.put_nowait(None)
+        self._thread.join(self.end_grace)
+        if self._thread.is_alive():
+            self._abandon()  # mid-match on a slow line: its reply would come too late
+            self._thread.join()
+        unmatched = self._too_fast + self._left
+        if unmatched and not self._disabled.is_set():
+            self._warn(
+                f"metrics: {unmatched} log lines were not matched against MetricDefinitions "
+                f"({self._too_fast} came faster than they could be matched, {self._left} "
+                "were still waiting when the job ended); simplify the Regex if each line "
+                "takes long (nested repetition such as (a+)+ can take exponential time)"
+            )
 
     # -- the worker thread ----------------------------------------------------------------
 
@@ -144,10 +171,16 @@ class MetricMatcher:
             while (item := self._lines.get()) is not None:
                 if self._disabled.is_set():
                     continue  # drain: nothing more is matched
+                if time.monotonic() >= self._end_by:
+                    self._left += 1 + self._drop_queued()
+                    break
                 line, timestamp = item
                 try:
                     found = self._match(line)
                 except _Gone as exc:
+                    if self._closing.is_set():
+                        self._left += 1 + self._drop_queued()
+                        break
                     self._disable(str(exc), line)
                     continue
                 pending += [MetricPoint(name, value, timestamp) for name, value in found]
@@ -155,22 +188,45 @@ class MetricMatcher:
                     self.on_points(pending)
                     pending, last_flush = [], time.monotonic()
         except _Gone as exc:
-            self._disable(str(exc), None)
+            if self._closing.is_set():
+                self._left += self._drop_queued()
+            else:
+                self._disable(str(exc), None)
         finally:
             if pending:
                 self.on_points(pending)
             self._stop_process()
 
+    def _drop_queued(self) -> int:
+        """Empty the queue; how many lines it held."""
+        dropped = 0
+        with contextlib.suppress(queue.Empty):
+            while True:
+                if self._lines.get_nowait() is not None:
+                    dropped += 1
+        return dropped
+
     def _start(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "trainport.host.metrics", str(self.budget)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        with self._proc_lock:
+            if self._abandoned:
+                raise _Gone("the job ended before the metric matcher started")
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "trainport.host.metrics", str(self.budget)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
         self._send(self.definitions)
         if self._reply(self.budget + _SLACK) != "ready":
             raise _Gone("the metric matcher process did not start")
+
+    def _abandon(self) -> None:
+        """End the matcher process from close(): the worker's wait for a reply ends."""
+        with self._proc_lock:
+            self._abandoned = True
+            if self._proc is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
 
     def _match(self, line: str) -> list[tuple[str, float]]:
         self._send(line)
@@ -206,16 +262,19 @@ class MetricMatcher:
     def _disable(self, why: str, line: str | None) -> None:
         self._disabled.set()
         shown = "" if line is None else f" on the log line {line[:80]!r}"
-        message = (
+        self._warn(
             f"metrics disabled for the rest of the job: a MetricDefinitions Regex took more "
             f"than {self.budget:g} s of CPU{shown} ({why}); simplify the Regex (nested "
             "repetition such as (a+)+ can take exponential time)"
         )
+
+    def _warn(self, message: str) -> None:
         log.warning("%s", message)
-        self.on_disabled(message)
+        self.on_warning(message)
 
     def _stop_process(self) -> None:
-        proc, self._proc = self._proc, None
+        with self._proc_lock:
+            proc, self._proc = self._proc, None
         if proc is None:
             return
         if proc.stdin is not None:
