@@ -264,6 +264,25 @@ def test_disk_filled_while_writing_the_model(small_home: Path, tmp_path: Path) -
     assert "while training" in reason
 
 
+def test_disk_filled_while_packing_the_model_says_where(small_home: Path, tmp_path: Path) -> None:
+    # Fits while training (with the host's reserve), not twice over: packing fills the disk.
+    entry = tmp_path / "train.py"
+    entry.write_text(
+        "import os\n"
+        "with open(os.environ['SM_MODEL_DIR'] + '/model.bin', 'wb') as f:\n"
+        "    f.write(os.urandom(9 << 19))\n"
+    )
+    done = tp("run", "--name", "full-pack", "--entry-point", str(entry))
+    assert done.returncode == 1, done.stderr
+    reason = json.loads(tp("jobs", "describe", "full-pack").stdout)["FailureReason"]
+    scratch = small_home / "jobs" / "full-pack" / "tmp"
+    model = small_home / "jobs" / "full-pack" / "hosts" / "algo-1" / "model"
+    assert reason.startswith(
+        "ClientError: artifact upload failed: no space left on the device that holds "
+        f"{scratch} (packing model.tar.gz from {model})"
+    ), reason
+
+
 def test_full_disk_at_submission_is_one_line(small_home: Path, tmp_path: Path) -> None:
     assert tp("jobs", "list").returncode == 0  # the database exists
     with open(small_home / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):

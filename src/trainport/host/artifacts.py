@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import stat
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from trainport.errors import JobError
 from trainport.host import jobtree
 from trainport.store.api import ObjectStore, S3Uri
 
@@ -90,6 +93,22 @@ def _packing_folder(scratch: Path) -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="artifacts-", dir=scratch)
 
 
+@contextlib.contextmanager
+def _packing(archive: Path, sources: str, scratch: Path) -> Iterator[None]:
+    """Say where an archive could not be written: a full disk's own error names no file.
+    The folder named is ``scratch``, the job's, which outlives the archive's own."""
+    try:
+        yield
+    except OSError as exc:
+        what = f"packing {archive.name} from {sources}"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise JobError(
+                f"no space left on the device that holds {scratch} ({what}); free "
+                "space there or move TRAINPORT_HOME to a larger disk"
+            ) from exc
+        raise JobError(f"cannot write {archive} ({what}): {exc.strerror or exc}") from exc
+
+
 def upload_artifacts(
     store: ObjectStore,
     output_path: str,
@@ -105,7 +124,8 @@ def upload_artifacts(
     with _packing_folder(scratch) as tmp:
         for name, source in (("model.tar.gz", model_dir), ("output.tar.gz", output_data_dir)):
             archive = Path(tmp) / name
-            pack_dir(source, archive)
+            with _packing(archive, str(source), scratch):
+                pack_dir(source, archive)
             target = prefix.child(name)
             store.upload(archive, target.bucket, target.key)
             log.info("uploaded %s (%d bytes)", target, archive.stat().st_size)
@@ -151,7 +171,8 @@ def upload_merged(
         conflicts: list[str] = []
         for name, sources in (("model.tar.gz", model_dirs), ("output.tar.gz", output_dirs)):
             archive = Path(tmp) / name
-            clashes = pack_merged(sources, archive)
+            with _packing(archive, ", ".join(str(f) for _, f in sources), scratch):
+                clashes = pack_merged(sources, archive)
             if name == "model.tar.gz":
                 conflicts = clashes
             target = prefix.child(name)
