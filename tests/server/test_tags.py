@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.server.conftest import TRAIN, job
+from tests.server.conftest import TRAIN, job, wait_for
 
 
 def _tags(sm: Any, arn: str) -> list[tuple[str, str]]:
@@ -35,10 +35,47 @@ def test_a_job_without_tags_lists_none(server: Any, sm: Any) -> None:
     assert sm.list_tags(ResourceArn=arn)["Tags"] == []
 
 
-def test_describe_has_the_fields_the_sdk_reads(server: Any, sm: Any) -> None:
+def test_describe_has_the_fields_the_sdk_reads(
+    server: Any, sm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the SageMaker Python SDK reads by subscript (a missing one is a KeyError there):
+    Estimator.attach's own reading of the description, then what its waiter and log
+    reader take (status, secondary status and its transitions, instance count, artifacts)."""
+    monkeypatch.setenv("SAGEMAKER_SUPPRESS_V2_WARNING", "1")  # v2 is what attach() here is
+    from sagemaker.estimator import Estimator
+
     sm.create_training_job(**job("described", TRAIN))
-    described = sm.describe_training_job(TrainingJobName="described")
+    described = wait_for(sm, "described")
     assert described["OutputDataConfig"] == {"KmsKeyId": "", "S3OutputPath": "s3://out/models"}
+
+    init = Estimator._prepare_init_params_from_job_description(described)
+    assert {k: init[k] for k in SDK_INIT} == SDK_INIT
+    assert described["TrainingJobArn"].endswith(":training-job/described")
+    assert described["TrainingJobStatus"] == described["SecondaryStatus"] == "Completed"
+    assert described["SecondaryStatusTransitions"][-1]["Status"] == "Completed"
+    assert all("StartTime" in t for t in described["SecondaryStatusTransitions"])
+    assert described["ResourceConfig"]["InstanceCount"] == 1
+    assert described["ModelArtifacts"]["S3ModelArtifacts"] == (
+        "s3://out/models/described/output/model.tar.gz"
+    )
+    assert described["TrainingEndTime"] >= described["TrainingStartTime"]
+    assert isinstance(described["BillableTimeInSeconds"], int)
+
+
+# Estimator.attach's arguments as read from a description of job() in tests.server.conftest.
+SDK_INIT = {
+    "role": "arn:aws:iam::000000000000:role/trainport-test",
+    "instance_count": 1,
+    "instance_type": "ml.m5.large",
+    "volume_size": 1,
+    "max_run": 120,
+    "input_mode": "File",
+    "base_job_name": "described",
+    "output_path": "s3://out/models",
+    "output_kms_key": "",
+    "hyperparameters": {"epochs": "3", "lr": "0.1"},
+    "image_uri": "trainport/python",
+}
 
 
 @pytest.mark.parametrize(
