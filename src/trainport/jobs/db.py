@@ -129,7 +129,7 @@ def _check_file(path: Path) -> None:
     except OSError as exc:
         raise DatabaseError(f"the job database {path} cannot be read: {exc}") from exc
     if not head:
-        raise _damaged(path, "is empty (0 bytes), so its jobs are lost")
+        raise _damaged(path, "is empty (0 bytes) where a SQLite database should be")
     if head != _SQLITE_HEADER:
         raise _damaged(path, "is not a SQLite database (its first bytes are not SQLite's)")
 
