@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,28 @@ def test_random_search_without_samples_is_refused(tmp_path: Path, dataset: Path)
     result = CliRunner().invoke(select_command, [str(path)])
     assert result.exit_code != 0
     assert "search.samples" in result.output
+
+
+def test_a_metric_the_trainer_never_reports_is_refused_after_the_first_epoch(
+    tmp_path: Path, dataset: Path
+) -> None:
+    path = write_spec(tmp_path, dataset, metric="val_f1", epochs=3)
+    result = CliRunner().invoke(select_command, [str(path), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "metric='val_f1': the trainer reported no such metric in the first epoch" in (
+        result.output
+    )
+    assert "val_accuracy" in result.output and "train_loss" in result.output
+    assert "best:" not in result.output
+    assert not (tmp_path / "out" / "best_model.pt").exists()
+
+
+def test_unreported_names_what_the_trainer_reports() -> None:
+    from trainport.select.result import EpochRecord, unreported
+
+    records = [EpochRecord("c000", 1, 1, 10, {"loss": 0.5}, {"loss": 0.6, "accuracy": math.nan})]
+    assert unreported(records, "val_accuracy") is None  # reported, if not finite
+    said = unreported(records, "val_f1")
+    assert said is not None and said.endswith(
+        "it reports train_loss, val_accuracy, val_loss. Set metric to one of those"
+    )

@@ -1,6 +1,6 @@
 """``trainport select spec.yaml``: run a model-selection workload from a spec file.
 
-The lead registers :data:`select_command` on the ``trainport`` click group.
+:data:`select_command` is registered on the ``trainport`` click group by trainport.cli.
 """
 
 from __future__ import annotations
@@ -72,7 +72,15 @@ def select_command(
         stopped = result.stopped.get(mid)
         note = f"  (stopped after epoch {stopped})" if stopped is not None else ""
         click.echo(f"{mid:<{width}}{mark} {shown}  {config}{note}")
+    written = "epochs.csv, schedule.csv, gantt.png, result.json"
+    if result.best_model is None:
+        click.echo(f"results: {spec.output} ({written})")
+        raise click.ClickException(
+            f"no model reported a finite {spec.metric} in its last epoch, so none is best "
+            "and no best_model.pt was written"
+        )
     click.echo(
         f"best: {result.best_model} {spec.metric}={result.best_value:.6g} {result.best_config}"
     )
-    click.echo(f"results: {spec.output} (epochs.csv, schedule.csv, gantt.png, best_model.pt)")
+    saved = ", best_model.pt" if result.model_path is not None else ""
+    click.echo(f"results: {spec.output} ({written}{saved})")

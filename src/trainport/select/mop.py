@@ -29,7 +29,13 @@ from trainport.errors import JobError, ValidationError
 from trainport.select.backends.api import Backend, UnitDone, UnitTask, WorkerLost
 from trainport.select.partition import DataFile, fetch, list_files, split_partitions
 from trainport.select.procedures import Decision, ModelView, Procedure, model_id
-from trainport.select.result import EpochRecord, SelectionResult, UnitRecord, pick_best
+from trainport.select.result import (
+    EpochRecord,
+    SelectionResult,
+    UnitRecord,
+    pick_best,
+    unreported,
+)
 from trainport.select.scheduler import Placement, assign, plan_epoch
 from trainport.select.space import Config
 from trainport.select.trainer import Trainer, UnitMetrics, step_weighted
@@ -163,6 +169,10 @@ def run_workload(work: Workload, backend: Backend) -> SelectionResult:
                             val,
                         )
                     )
+                # A metric the trainer never reports would leave every model unranked:
+                # say so after one epoch rather than train every epoch for nothing.
+                if rnd == 1 and (problem := unreported(records, work.metric)):
+                    raise ValidationError(problem)
                 views = {
                     m: ModelView(
                         configs[m],

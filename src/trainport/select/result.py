@@ -20,7 +20,7 @@ from typing import Any
 from trainport.select.backends.api import WorkerStats
 from trainport.select.space import Config
 
-__all__ = ["EpochRecord", "SelectionResult", "UnitRecord", "pick_best"]
+__all__ = ["EpochRecord", "SelectionResult", "UnitRecord", "pick_best", "unreported"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,10 @@ class EpochRecord:
         source = self.train if prefix == "train" else self.validation if prefix == "val" else {}
         return float(source.get(key, math.nan))
 
+    def names(self) -> list[str]:
+        """The metrics this epoch reported, as a spec names them (``train_<m>``, ``val_<m>``)."""
+        return [f"train_{k}" for k in self.train] + [f"val_{k}" for k in self.validation]
+
 
 @dataclass(frozen=True)
 class UnitRecord:
@@ -55,6 +59,18 @@ class UnitRecord:
     hopped: bool = False  # the model came from another worker
     steps: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+def unreported(records: Sequence[EpochRecord], metric: str) -> str | None:
+    """None if some epoch in ``records`` reported ``metric`` (a NaN value counts: a model
+    may diverge); else a sentence that names the metrics the trainer does report."""
+    if not records or any(metric in r.names() for r in records):
+        return None
+    reported = sorted({name for r in records for name in r.names()})
+    return (
+        f"metric={metric!r}: the trainer reported no such metric in the first epoch; it "
+        f"reports {', '.join(reported) or 'none'}. Set metric to one of those"
+    )
 
 
 def pick_best(
