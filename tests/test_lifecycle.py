@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -159,11 +158,15 @@ def test_sigkill_after_the_grace_period(home: Path, service: JobService) -> None
         )
     )
     wait_until(lambda: any("ready" in line for _, line in service.logs("stubborn")), what="ready")
-    started = time.monotonic()
     service.stop("stubborn")
     record = wait_for(service, "stubborn")
     assert record.status == "Stopped"
-    assert 0.9 < time.monotonic() - started < 30
+    supervisor_log = (home / "jobs" / "stubborn" / "supervisor.log").read_text()
+    assert "grace period of 1 s over; sending SIGKILL" in supervisor_log
+    # The grace period was given in full: the job's record says when Stop was asked and
+    # when the job ended, both after the fact, whatever the machine's load.
+    times = {t.status: t.start_time for t in record.transitions}
+    assert times["Stopped"] - times["Stopping"] >= 0.9
 
 
 def test_max_runtime(home: Path, service: JobService) -> None:
