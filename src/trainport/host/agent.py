@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING
 from trainport.config import RoleCredentials, Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import diskspace, gpus, jobenv, jobtree, mpi, mpi_rank, pipe
+from trainport.host import diskspace, frameworks, gpus, jobenv, jobtree, mpi, mpi_rank, pipe
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -173,6 +173,7 @@ class HostAgent:
         self._launch: mpi.LaunchRequest | None = None
         self._mpi_follower = False
         self._demux: mpi.RankDemux | None = None
+        self._interface = plan.network_interface  # see _choose_interface
 
     def emit(self, change: Phase | Progress) -> None:
         self.report(StatusChanged(self.plan.host, change))
@@ -273,6 +274,7 @@ class HostAgent:
         plan, spec = self.plan, self.plan.spec
         layout.create()
         plan.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._choose_interface()
         # The machine's own name maps to this host's address, so code that resolves its
         # hostname inside the sandbox finds itself.
         own = {socket.gethostname(): plan.addresses.get(plan.host, "127.0.0.1")}
@@ -290,8 +292,21 @@ class HostAgent:
         return resource_config(
             self.plan.host,
             [(g.name, g.instance_type, list(spec.group_hosts(g))) for g in ordered],
-            self.plan.network_interface,
+            self._interface,
         )
+
+    def _choose_interface(self) -> None:
+        """The interface the job's collectives use: its network's, or the one the
+        sagemaker_network_interface_name hyperparameter names where the host has it."""
+        plan = self.plan
+        available = None
+        if frameworks.INTERFACE_HYPERPARAMETER in plan.spec.hyperparameters:
+            available = frameworks.network_interfaces(plan.netns)
+        self._interface, note = frameworks.choose_interface(
+            plan.network_interface, plan.spec.hyperparameters, available
+        )
+        if note:
+            self._notes.append(note)
 
     def _stage_channels(self, layout: HostLayout) -> None:
         plan = self.plan
@@ -384,7 +399,7 @@ class HostAgent:
         env = jobenv.job_environment(
             request=spec.environment,
             home=self._home(base_dir),
-            interface=self.plan.network_interface,
+            interface=self._interface,
             credentials=self._role_credentials(),
             path=jobenv.job_path(),
         )
@@ -490,6 +505,11 @@ class HostAgent:
             job_name=spec.name,
         )
         merged = {**env, **sm_env}
+        # What the framework's toolkit exports before it starts the entry point (over the
+        # request's own, as in the container).
+        framework = frameworks.framework_of(spec.training_image)
+        torch = frameworks.torch_version() if framework is frameworks.Framework.PYTORCH else None
+        merged.update(frameworks.container_variables(framework, sm_env, torch=torch))
         # The interpreter's own bin folder first, as in a framework container: a script that
         # starts `python`, `pip` or `torchrun` itself gets this environment, not the
         # machine's base interpreter.
@@ -616,7 +636,7 @@ class HostAgent:
         command = mpi.mpirun_command(
             hosts=plan.hosts,
             per_host=per_host,
-            interface=plan.network_interface,
+            interface=self._interface,
             agent=(python, "-m", "trainport.host.mpi_launch"),
             program=program,
             custom_options=settings.custom_options,
