@@ -142,7 +142,7 @@ def test_stop_sigterm_grace_and_the_model_saved_in_grace_is_uploaded(
     assert (stopping.status, stopping.secondary_status) == ("Stopping", "Stopping")
     record = wait_for(service, "stop-me")
     assert (record.status, record.secondary_status) == ("Stopped", "Stopped")
-    assert transitions(record)[-2:] == ["Stopping", "Stopped"]
+    assert transitions(record)[-3:] == ["Stopping", "Uploading", "Stopped"]
     assert members(home, record.model_artifacts) == {"saved-in-grace.txt": b"grace"}
     assert record.failure_reason is None
 

@@ -31,6 +31,11 @@ ECHOED_REQUEST_FIELDS = (
 )
 
 
+# The SecondaryStatus of a job whose instances are up: time from the first of them counts
+# as training (and billable) time.
+_ON_INSTANCES = ("Downloading", "Training", "Uploading")
+
+
 @dataclass(frozen=True)
 class Transition:
     status: str
@@ -87,6 +92,8 @@ class JobRecord:
     # The job's tags as AddTags and DeleteTags left them, in order; None while they are
     # still the request's own Tags (which are kept as sent: they configured the job).
     tags: tuple[tuple[str, str], ...] | None = None
+    # The hyperparameter tuning job that launched this job, if one did.
+    tuning_job_arn: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -137,14 +144,18 @@ class JobRecord:
         # looking first (Estimator.attach): a request may have left them out.
         output = out.setdefault("OutputDataConfig", {})
         out["OutputDataConfig"] = {"KmsKeyId": "", **output}
+        if self.tuning_job_arn:
+            out["TuningJobArn"] = self.tuning_job_arn
         if self.failure_reason:
             out["FailureReason"] = self.failure_reason
         if self.training_start_time is not None:
             out["TrainingStartTime"] = self.training_start_time
         if self.training_end_time is not None:
             out["TrainingEndTime"] = self.training_end_time
-            start = self.training_start_time or self.creation_time
-            seconds = max(1, round(self.training_end_time - start))
+            seconds = 0  # a job that never had its instances (stopped while queued)
+            if any(t.status in _ON_INSTANCES for t in self.transitions):
+                start = self.training_start_time or self.creation_time
+                seconds = max(1, round(self.training_end_time - start))
             out["TrainingTimeInSeconds"] = seconds
             out["BillableTimeInSeconds"] = seconds
         if self.final_metrics:

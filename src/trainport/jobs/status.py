@@ -5,8 +5,10 @@ Lifecycle (TrainingJobStatus / SecondaryStatus)::
     InProgress/Starting -> InProgress/Downloading -> InProgress/Training -> InProgress/Uploading
         -> Completed/Completed        (exit code 0)
         -> Failed/Failed              (non-zero exit, or trainport could not run the job)
-    any InProgress -> Stopping/Stopping -> Stopped/Stopped             (StopTrainingJob)
-    any InProgress -> Stopping/Stopping -> Stopped/MaxRuntimeExceeded  (MaxRuntimeInSeconds)
+    any InProgress -> Stopping/Stopping [-> Stopping/Uploading] -> Stopped/Stopped
+                                                                (StopTrainingJob)
+    any InProgress -> Stopping/Stopping [-> Stopping/Uploading] -> Stopped/MaxRuntimeExceeded
+                                                                (MaxRuntimeInSeconds)
 
 Every change of SecondaryStatus appends a transition and closes the previous one's EndTime.
 Once a stop is requested the job ends Stopped whatever the exit code, as SageMaker does.
@@ -140,7 +142,11 @@ def advance(record: JobRecord, event: Event, now: float) -> JobRecord:
         )
     if isinstance(event, Phase):
         if status is Status.STOPPING:
-            return record  # uploading after a stop is part of stopping, not a new phase
+            # A stopped job still uploads what it saved, and says so as SageMaker does
+            # (the job stays Stopping); no other phase begins after a stop.
+            if event.secondary != "Uploading":
+                return record
+            return _with_secondary(record, event.secondary, event.message, now)
         new = _with_secondary(record, event.secondary, event.message, now)
         if event.secondary == "Training" and record.training_start_time is None:
             new = dataclasses.replace(new, training_start_time=now)
