@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,12 +23,29 @@ TERMINAL = ("Completed", "Failed", "Stopped")
 
 def require(condition: bool, reason: str) -> None:
     """Skip when ``condition`` is false, except in CI (TRAINPORT_CI_NO_SKIP=1), where a
-    missing capability is a failure: CI must not go green by skipping."""
+    missing capability is a failure: CI must not go green by skipping. Works in a test, a
+    fixture or at a test module's top level (skipping, or failing, the whole module)."""
     if condition:
         return
     if os.environ.get("TRAINPORT_CI_NO_SKIP") == "1":
         pytest.fail(f"TRAINPORT_CI_NO_SKIP=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, reason: str = "") -> ModuleType:
+    """Import ``name``, or :func:`require` it: where it is missing, skip (fail in CI).
+
+    For packages ``scripts/setup.sh --test`` installs (torch, torchdata, Horovod, the
+    SageMaker training toolkit), never for trainport's own modules, which a test imports.
+    """
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        require(
+            False,
+            f"{name} is not installed or cannot be imported ({exc}){': ' + reason if reason else ''}",
+        )
+        raise  # not reached: require skipped or failed
 
 
 @pytest.fixture

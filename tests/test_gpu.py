@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, wait_for
+from tests.conftest import put, require_module, wait_for
 from tests.distributed.support import launch
 from tests.test_script_mode_job import script_job
 from trainport.jobs.service import JobService
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 
 def gpus() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, require, wait_for
+from tests.conftest import put, require, require_module, wait_for
 from tests.test_script_mode_job import script_job
 from trainport.jobs.service import JobService
 from trainport.runners.sandbox import sandbox_problem
@@ -64,7 +64,7 @@ def lines(service: JobService, name: str, host: str, tag: str) -> list[dict[str,
 
 @pytest.mark.parametrize("runner", ["process", "sandbox"])
 def test_the_toolkits_host_name_wait_passes(home: Path, service: JobService, runner: str) -> None:
-    pytest.importorskip("sagemaker_training")
+    require_module("sagemaker_training")
     if runner == "sandbox":
         require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
     name = f"names-{runner}"
@@ -82,7 +82,7 @@ def test_the_toolkits_host_name_wait_passes(home: Path, service: JobService, run
 def test_init_process_group_from_sagemakers_variables(
     home: Path, service: JobService, runner: str
 ) -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     if runner == "sandbox":
         require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
     name = f"smgroup-{runner}"

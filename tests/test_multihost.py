@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, python_job, request, require, wait_for, wait_until
+from tests.conftest import put, python_job, request, require, require_module, wait_for, wait_until
 from trainport.jobs.records import JobRecord
 from trainport.jobs.service import JobService
 from trainport.jobs.supervisor import host_addresses
@@ -265,7 +265,7 @@ def torch_job(
 def test_torchrun_on_every_host(
     home: Path, service: JobService, runner: str, hosts: int, per_host: int
 ) -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     if runner == "sandbox":
         require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
     service.create(torch_job(home, f"ddp-{runner}", hosts, per_host), runner=runner)
@@ -292,7 +292,7 @@ def test_torchrun_on_every_host(
 
 @pytest.mark.slow
 def test_a_dying_rank_fails_the_job_naming_its_host(home: Path, service: JobService) -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     body = torch_job(home, "ddp-dies", 2, 1, env={"FAIL_RANK": "1"})
     service.create(body, runner="process")
     record = wait_for(service, "ddp-dies", timeout=180)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, request, require, wait_for
+from tests.conftest import put, request, require, require_module, wait_for
 from trainport.errors import ValidationError
 from trainport.host.script_mode import pack_sourcedir
 from trainport.jobs.service import JobService
@@ -64,7 +64,7 @@ def script_job(
 def test_toolkit_environment_reads_what_trainport_wrote(
     home: Path, service: JobService, runner: str
 ) -> None:
-    pytest.importorskip("sagemaker_training")
+    require_module("sagemaker_training")
     if runner == "sandbox":
         require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
     put(home, "data", "train/x.csv", "1,2\n")
@@ -142,7 +142,7 @@ def test_missing_source_archive(home: Path, service: JobService) -> None:
 
 def test_demo_script_trains_and_saves_a_model(home: Path, service: JobService) -> None:
     """The README's demo, through the same path: a real PyTorch job."""
-    pytest.importorskip("torch")
+    require_module("torch")
     from trainport.demo import run_demo
 
     assert run_demo(epochs=2, runner="process") == 0

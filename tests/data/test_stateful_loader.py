@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from tests.conftest import require_module
 from tests.data.support import FifoProducer, make_records, write_records
 from trainport.data import ChannelDataset, FileChannel, PipeChannel, encode_tfrecord
 
-stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+stateful_dataloader = require_module("torchdata.stateful_dataloader")
 StatefulDataLoader = stateful_dataloader.StatefulDataLoader
 
 # torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates; nothing of ours.

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import put, python_job, wait_for
+from tests.conftest import put, python_job, require, wait_for
 from trainport.errors import ValidationError
 from trainport.jobs.service import JobService
 from trainport.runners.sandbox import sandbox_problem
@@ -62,8 +62,8 @@ def job_log(home: Path, name: str) -> str:
 def test_two_channels_several_epochs_byte_exact(
     home: Path, service: JobService, runner: str
 ) -> None:
-    if runner == "sandbox" and sandbox_problem():
-        pytest.skip(f"sandbox unavailable: {sandbox_problem()}")
+    if runner == "sandbox":
+        require(sandbox_problem() is None, f"sandbox unavailable: {sandbox_problem()}")
     train = {f"train/part-{i}": bytes([i]) * (100_000 + i) for i in range(6)}
     valid = {f"valid/{i}.gz": f"line {i}\n".encode() * 1000 for i in range(3)}
     for key, data in train.items():

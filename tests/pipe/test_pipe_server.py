@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import put
 from tests.pipe.conftest import CountingStore, read_fifo, wait_fifo
+from trainport.data import channel as data_channel
+from trainport.data import recordio
 from trainport.errors import ValidationError
 from trainport.host.channels import ChannelObject, resolve_augmented_manifest
 from trainport.host.pipe import PipeChannelServer, PipeOptions, epoch_items, serve_channel
@@ -257,7 +259,6 @@ def test_recordio_golden_vector_and_wrapping(home: Path, store: CountingStore) -
 
 
 def test_recordio_matches_the_training_side_reader(home: Path, store: CountingStore) -> None:
-    recordio = pytest.importorskip("trainport.data.recordio")
     assert recordio_record(b"hello") == recordio.encode_recordio(b"hello")
 
 
@@ -311,7 +312,6 @@ def test_augmented_manifest_line_missing_an_attribute_is_named(
 
 
 def test_trainport_data_pipe_channel_reads_the_fifos(home: Path, store: CountingStore) -> None:
-    data_channel = pytest.importorskip("trainport.data.channel")
     made = objects(home, 3, size=50_000)
     data_dir = home / "data"
     server = serve(store, channel(), data_dir, workers=2)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, python_job, wait_for
+from tests.conftest import put, python_job, require, wait_for
 from trainport.data import TFRecordWriter
 from trainport.jobs.service import JobService
 from trainport.runners.sandbox import sandbox_problem
@@ -121,8 +121,8 @@ def _encode(records: list[bytes], path: Path) -> bytes:
 def test_seed003_raw_pipe_reader(
     home: Path, service: JobService, tmp_path: Path, runner: str
 ) -> None:
-    if runner == "sandbox" and sandbox_problem():
-        pytest.skip(f"sandbox unavailable: {sandbox_problem()}")
+    if runner == "sandbox":
+        require(sandbox_problem() is None, f"sandbox unavailable: {sandbox_problem()}")
     objects = _objects(seed=3)
     for key, records in objects.items():
         put(home, "data", key, _encode(records, tmp_path / "object.tfrecord"))

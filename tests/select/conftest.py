@@ -6,7 +6,6 @@ is set, where a missing package must fail the run instead of hiding behind a ski
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -14,17 +13,12 @@ from types import ModuleType
 import numpy as np
 import pytest
 from tests.conftest import require as require_capability
+from tests.conftest import require_module
 
 
 def require(module: str, reason: str = "") -> ModuleType:
     """Import ``module``, or skip (fail under TRAINPORT_CI_NO_SKIP=1) when it is missing."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        require_capability(
-            False, f"{module} is not installed{': ' + reason if reason else ''} ({exc})"
-        )
-        raise  # unreachable: require_capability skipped or failed
+    return require_module(module, reason)
 
 
 def require_binary(name: str) -> str:
