@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import put, require, wait_for
+from tests.conftest import put, require, require_module, wait_for
 from tests.test_script_mode_job import script_job
 from trainport.host import frameworks
 from trainport.host.frameworks import Framework, FrameworkImage, parse_image_uri
@@ -180,8 +180,8 @@ def job_interface() -> str:
 def test_toolkit_style_two_host_gloo_job_without_a_launcher(
     home: Path, service: JobService, runner: str
 ) -> None:
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("sagemaker_training")
+    torch = require_module("torch")
+    require_module("sagemaker_training")
     if runner == "sandbox":
         require(sandbox_problem() is None, f"no sandbox: {sandbox_problem()}")
     rows = "".join(f"{i % 3},{i % 5},{i % 7},{i % 2},{i % 2}\n" for i in range(64))

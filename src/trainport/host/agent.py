@@ -28,7 +28,17 @@ from typing import IO, TYPE_CHECKING
 from trainport.config import RoleCredentials, Settings
 from trainport.errors import TrainportError, ValidationError
 from trainport.host import command as commands
-from trainport.host import diskspace, frameworks, gpus, jobenv, jobtree, mpi, mpi_rank, pipe
+from trainport.host import (
+    diskspace,
+    failure,
+    frameworks,
+    gpus,
+    jobenv,
+    jobtree,
+    mpi,
+    mpi_rank,
+    pipe,
+)
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
     ChannelObject,
@@ -174,6 +184,8 @@ class HostAgent:
         self._mpi_follower = False
         self._demux: mpi.RankDemux | None = None
         self._interface = plan.network_interface  # see _choose_interface
+        # Script mode: the command the toolkit would name in ExecuteUserScriptError.
+        self._script_command: tuple[str, ...] | None = None
 
     def emit(self, change: Phase | Progress) -> None:
         self.report(StatusChanged(self.plan.host, change))
@@ -523,6 +535,7 @@ class HostAgent:
         settings = mpi.mpi_settings(spec)
         if settings is not None:
             return self._mpi_command(settings, argv, python, merged, base_dir, layout, share)
+        self._script_command = tuple(argv)
         return commands.Command(tuple(argv), f"{base_dir}/code", merged)
 
     def _build_env(
@@ -672,7 +685,15 @@ class HostAgent:
             list(mpi.tail_lines(plan.log_path)), host_of, result.exit_code, notes
         )
         for host in plan.hosts:
-            if f"host {host} " in reason + " " and host != plan.host:
+            if f"host {host} " not in reason + " ":
+                continue
+            # Without a note of its rank's error, the last one its host's ranks printed.
+            error = failure.last_exception(
+                list(mpi.tail_lines(plan.job_dir / "logs" / f"{host}.log"))
+            )
+            if error and error not in reason:
+                reason += f"; {host}'s last error: {error}"
+            if host != plan.host:
                 text = self._failure_reason(HostLayout(plan.job_dir / "hosts" / host), 1)
                 if text and not text.startswith("AlgorithmError: , "):
                     reason += f"; {host}'s failure file: {text}"
@@ -763,7 +784,7 @@ class HostAgent:
         if over:
             self._log_line(f"[trainport] {over}")
             return Finished(code, over)
-        return Finished(code, self._failure_reason(layout, code))
+        return Finished(code, self._failure_reason(layout, code) or self._output_reason(code))
 
     def _limits(self) -> Limits | None:
         spec = self.plan.spec
@@ -829,7 +850,19 @@ class HostAgent:
         # Never through a link the job made: it would put a host file into FailureReason.
         # Cut to SageMaker's limit by the status machine, which keeps the end too.
         text = jobtree.read_text(layout.failure_file, 65536) or ""
-        return text if text.strip() else f"AlgorithmError: , exit code: {code}"
+        return text if text.strip() else None
+
+    def _output_reason(self, code: int) -> str | None:
+        """The reason of a command that left no failure file: in script mode the toolkit's
+        ExecuteUserScriptError, else the command's last lines (see host.failure)."""
+        if code == 0:
+            return None
+        if self._demux is not None or self._mpi_follower:
+            return f"AlgorithmError: , exit code: {code}"  # _end_mpi names the rank
+        lines = list(mpi.tail_lines(self.plan.log_path))
+        if self._script_command is not None:
+            return failure.script_failure(code, self._script_command, lines)
+        return failure.output_failure(code, lines)
 
     # -- the end --------------------------------------------------------------------------
 
