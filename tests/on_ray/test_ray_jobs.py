@@ -296,7 +296,9 @@ def test_mpi_across_nodes(home: Path, on_ray: NamespaceCluster, service: JobServ
         for rank in ranks:
             assert rank["size"] == 4 and rank["total"] == 1 + 2 + 3 + 4
             assert rank["host"] == host and rank["argv"] == ["--epochs", "2"]
-            assert rank["resolved"] in nodes  # each host's name is its node's address
+            # Each host's name is its address on the job's own network, not its node's.
+            assert rank["resolved"] not in nodes
+            assert rank["resolved"].endswith(f".{int(host[-1]) + 1}")
     assert seen["algo-1"][0]["resolved"] != seen["algo-2"][0]["resolved"]
 
 
@@ -574,7 +576,9 @@ def test_max_runtime_reaches_every_node(on_ray: NamespaceCluster, service: JobSe
         "ray-overrun",
         SLEEPER,
         ResourceConfig=TWO_HOSTS,
-        StoppingCondition={"MaxRuntimeInSeconds": 8},
+        # Long enough for both hosts to start on a loaded machine: the SIGTERM must find
+        # their handlers installed.
+        StoppingCondition={"MaxRuntimeInSeconds": 30},
     )
     service.create(body)
     record = wait_for(service, "ray-overrun", timeout=90)
@@ -976,7 +980,12 @@ def test_a_node_killed_mid_job_with_retry_strategy_runs_it_again(
     service = JobService(load_settings())
     service.create(body)
     _training_on_every_host(service, "ray-retried", 2)
-    time.sleep(2)  # the checkpoint mark is synced to the store
+    # The retry resumes from what reached the store: the mark must be there before the kill.
+    wait_until(
+        lambda: service.store.exists("out", "checkpoints/ray-retried/started"),
+        timeout=60,
+        what="the checkpoint mark synced to the store",
+    )
     victim = _node_of(service, on_ray, "ray-retried", away_from_head=True)
     os.kill(on_ray.raylet_pid(victim), signal.SIGKILL)
     deadline = time.monotonic() + 90
