@@ -117,6 +117,15 @@ def test_two_hosts_by_two_ranks_all_reduce_each_on_its_own_host(
             assert int(report["local_rank"]) == report["rank"] % 2
             assert report["mark"] == "custom-reached"  # the custom options reached mpirun
             assert report["argv"] == ["--epochs", "3"]
+    # The job map, once, in algo-1's log: mpirun's --display-map would print it again from
+    # every host's daemon.
+    maps = [
+        (host, text)
+        for host in seen
+        for _, text in service.logs(name, host=host)
+        if "JOB MAP" in text or "MPI job map" in text
+    ]
+    assert maps == [("algo-1", f"[trainport] {mpi.job_map(['algo-1', 'algo-2'], 2)}")]
 
 
 FAILING_RANK = """
@@ -213,6 +222,16 @@ def test_the_mpirun_command_has_the_toolkits_options() -> None:
         "-x A=1 /venv/bin/python train.py",
     ):
         assert option in joined
+
+
+def test_the_job_map_names_each_hosts_ranks() -> None:
+    assert mpi.job_map(["algo-1", "algo-2", "algo-3"], 2) == (
+        "MPI job map: 6 ranks, 2 per host, by slot: algo-1 ranks 0-1, algo-2 ranks 2-3, "
+        "algo-3 ranks 4-5"
+    )
+    assert mpi.job_map(["algo-1", "algo-2"], 1) == (
+        "MPI job map: 2 ranks, 1 per host, by slot: algo-1 rank 0, algo-2 rank 1"
+    )
 
 
 def test_rank_output_is_routed_to_each_ranks_host() -> None:

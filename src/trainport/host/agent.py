@@ -641,6 +641,7 @@ class HostAgent:
         env[mpi.ENV_SHM] = f"{inside}/shm"
         per_host = settings.processes_per_host or len(share.devices) or 1
         self._demux = mpi.RankDemux(mpi.rank_host(plan.hosts, per_host))
+        self._log_line(f"[trainport] {mpi.job_map(plan.hosts, per_host)}")
         program = argv
         if argv and argv[0] == python and mpi.has_mpi4py():
             # As the toolkit does: an uncaught exception in a rank aborts the whole run.

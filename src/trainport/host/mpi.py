@@ -57,6 +57,7 @@ __all__ = [
     "RankDemux",
     "check",
     "failure_reason",
+    "job_map",
     "mpi_settings",
     "mpirun_command",
     "rank_host",
@@ -167,7 +168,8 @@ def mpirun_command(
         "-np", str(len(hosts) * per_host),
         # Jobs run as root inside their sandbox (as SageMaker's containers do).
         "--allow-run-as-root",
-        "--display-map",
+        # No --display-map: mpirun hands the map's display to every daemon, which prints it
+        # again into its host's log; the agent logs job_map() once instead.
         "--tag-output",
         # Keep each daemon a child of its launch (no fork into the background), so the
         # host that runs it waits for it and signals reach it.
@@ -192,6 +194,18 @@ def mpirun_command(
         *program,
     ]  # fmt: skip
     return command
+
+
+def job_map(hosts: Sequence[str], per_host: int) -> str:
+    """Where each rank runs under ``-map-by slot``, in one line for the leader's log."""
+    places = []
+    for index, host in enumerate(hosts):
+        first, last = index * per_host, index * per_host + per_host - 1
+        places.append(f"{host} rank {first}" if first == last else f"{host} ranks {first}-{last}")
+    return (
+        f"MPI job map: {len(hosts) * per_host} ranks, {per_host} per host, by slot: "
+        + ", ".join(places)
+    )
 
 
 def rank_host(hosts: Sequence[str], per_host: int) -> Callable[[int], str | None]:
