@@ -293,7 +293,7 @@ class HostAgent:
         plan.hosts_file.write_text(hosts_file_text({**own, **plan.addresses}))
         layout.write_configs(
             spec.hyperparameters,
-            {c.name: c.input_data_config_entry() for c in spec.channels},
+            pipe.input_data_config(spec.channels, spec.pipe_workers),
             self._resource_config(),
         )
 

@@ -123,7 +123,10 @@ def _manifest_objects(store: ObjectStore, uri: S3Uri, where: str) -> list[Channe
 
 
 def resolve_channel(store: ObjectStore, channel: ChannelSpec) -> list[ChannelObject]:
-    """Every object of a channel, in key (or manifest) order; never empty."""
+    """Every object of a channel, in key (or manifest) order; never empty.
+
+    A manifest may list an object more than once (to weight it). A Pipe channel streams it
+    as often as listed; a File or FastFile channel holds it once, at its one path."""
     where = f"channel {channel.name!r}"
     uri = S3Uri.parse(channel.s3_uri, field=f"{where} S3Uri")
     if channel.s3_data_type == "ManifestFile":
@@ -136,14 +139,17 @@ def resolve_channel(store: ObjectStore, channel: ChannelSpec) -> list[ChannelObj
             f"source ({where}); put the data there first (in the {store.description})"
         )
     seen: dict[str, str] = {}
+    distinct = []
     for obj in objects:
-        if obj.rel_path in seen:
+        if obj.rel_path not in seen:
+            seen[obj.rel_path] = obj.key
+            distinct.append(obj)
+        elif seen[obj.rel_path] != obj.key:
             raise ValidationError(
                 f"{where}: objects {seen[obj.rel_path]!r} and {obj.key!r} would both land at "
                 f"{obj.rel_path!r}"
             )
-        seen[obj.rel_path] = obj.key
-    return objects
+    return objects if channel.input_mode == "Pipe" else distinct
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ __all__ = [
     "PipeOptions",
     "epoch_items",
     "fifo_name",
+    "input_data_config",
     "resolve_items",
     "serve_channel",
 ]
@@ -97,6 +98,20 @@ class PipeOptions:
 def fifo_name(channel: str, epoch: int, worker: int | None = None) -> str:
     """``<channel>_<epoch>``, or ``<channel>_w<worker>_<epoch>`` for per-worker series."""
     return f"{channel}_{epoch}" if worker is None else f"{channel}_w{worker}_{epoch}"
+
+
+def input_data_config(
+    channels: Sequence[ChannelSpec], workers: int | None
+) -> dict[str, dict[str, str]]:
+    """``inputdataconfig.json``: every channel's entry and, with per-worker pipes, each Pipe
+    channel's worker series under its own name (``train_w0``, ...), so that a reader which
+    looks its channel up there (PipeModeDataset) accepts it and reads its FIFOs."""
+    config = {c.name: c.input_data_config_entry() for c in channels}
+    for channel in channels:
+        if channel.input_mode == "Pipe" and workers:
+            entry = channel.input_data_config_entry()
+            config.update({f"{channel.name}_w{k}": dict(entry) for k in range(workers)})
+    return config
 
 
 def epoch_items(
