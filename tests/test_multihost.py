@@ -121,28 +121,36 @@ def test_three_hosts_shard_resolve_and_merge(home: Path, service: JobService, ru
     )
 
 
+# algo-2 fails once the others are ready for SIGTERM (each says so with a file in READY):
+# however late a loaded machine starts them, the stop reaches a handler.
 FAIL_ON_ALGO_2 = """
 import json, os, signal, sys, time
 base = os.environ['SAGEMAKER_BASE_DIR']
+ready = os.environ['READY']
 me = json.load(open(base + '/input/config/resourceconfig.json'))['current_host']
 if me == 'algo-2':
-    time.sleep(1)
+    while len(os.listdir(ready)) < 2:
+        time.sleep(0.05)
     open(base + '/output/failure', 'w').write('algo-2 ran out of patience')
     sys.exit(3)
 def on_term(*_):
     open(base + '/model/terminated.txt', 'w').write(me)
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(ready, me), 'w').close()
 print('waiting', flush=True)
 time.sleep(300)
 """
 
 
 def test_a_failing_host_stops_the_others_and_is_named(home: Path, service: JobService) -> None:
+    ready = home.parent / "ready"
+    ready.mkdir()
     body = python_job(
         "host-fails",
         FAIL_ON_ALGO_2,
         ResourceConfig={"InstanceType": "ml.m5.large", "InstanceCount": 3, "VolumeSizeInGB": 1},
+        Environment={"READY": str(ready)},
     )
     service.create(body, runner="process")
     record = wait_for(service, "host-fails", timeout=90)
