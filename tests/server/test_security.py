@@ -4,6 +4,7 @@ dated outside the 15-minute window; the server goes on serving signed clients.""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import http.client
 import json
 from typing import Any
@@ -100,3 +101,28 @@ def test_dashboard_data_needs_the_token(server: Any) -> None:
     resp = conn.getresponse()
     assert resp.status == 200 and json.loads(resp.read()) == {"jobs": [], "next": None}
     conn.close()
+
+
+def test_a_body_hash_header_does_not_vouch_for_a_different_body(server: Any) -> None:
+    """A signed X-Amz-Content-SHA256 names the body the client signed; the server hashes
+    the body it received, so a request replayed with another body is refused."""
+    mine = json.dumps({"TrainingJobName": "mine"}).encode()
+    req = AWSRequest(
+        method="POST",
+        url=server.url + "/",
+        data=mine,
+        headers={
+            "Content-Type": "application/x-amz-json-1.1",
+            "X-Amz-Target": TARGET,
+            "X-Amz-Content-SHA256": hashlib.sha256(mine).hexdigest(),
+        },
+    )
+    SigV4Auth(Credentials(KEY_ID, SECRET), "sagemaker", "us-east-1").add_auth(req)
+    headers = dict(req.headers.items())
+    status, err = send(server, mine, headers)
+    assert (status, err["__type"]) == (400, "ValidationException")  # accepted: no such job
+    yours = json.dumps({"TrainingJobName": "yours"}).encode()
+    headers["Content-Length"] = str(len(yours))
+    status, err = send(server, yours, headers)
+    assert (status, err["__type"]) == (403, "InvalidSignatureException")
+    still_serving(server)

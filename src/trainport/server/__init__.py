@@ -5,7 +5,10 @@ the CloudWatch Logs subset log tailers use, and a dashboard in the browser.
 - :mod:`.sigv4`: signature verification and the server's access keys;
 - :mod:`.sagemaker_api`, :mod:`.logs_api`: the operations;
 - :mod:`.dashboard_api` and ``dashboard/``: the browser's read endpoints and static page;
-- :mod:`.app`: the HTTP server that ties them to the jobs service and its scheduler.
+- :mod:`.unserved`: the answer, in their own protocol, to clients of other AWS services;
+- :mod:`.asgi`: the application that routes each HTTP request to one of the above;
+- :mod:`.limits`: HTTP itself (uvicorn, httptools' strict parser) and the connection limits;
+- :mod:`.app`: the server that ties them to the jobs service and its scheduler.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Opening a connection to a WAL database costs far more than a read through an ope
 (about 0.3 ms against 0.01 ms here: the shared-memory index is mapped anew each time), and
 the server answers many small reads. :class:`ThreadConnectionDB` keeps the connection
 :class:`~trainport.jobs.db.JobDB` opens, with its own settings, for as long as a thread
-holds it (an HTTP handler thread, until its client disconnects). Reads still see every commit of
-other processes (the supervisors): each statement outside a transaction starts a fresh
-read transaction.
+holds it (a thread of the server's pool, or its event loop's, for as long as it serves).
+Reads still see every commit of other processes (the supervisors): each statement outside a
+transaction starts a fresh read transaction.
 """
 
 from __future__ import annotations

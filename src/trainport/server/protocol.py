@@ -51,6 +51,7 @@ class Response:
     status: int
     body: bytes
     content_type: str = CONTENT_TYPE
+    headers: tuple[tuple[str, str], ...] = ()  # besides Content-Type and Content-Length
 
 
 def error_response(code: str, message: str, status: int = 400) -> Response:
@@ -100,19 +101,24 @@ class JsonProtocol:
         self.verifier = verifier
         self.max_body = max_body
 
-    def refuse_length(self, length: int | None) -> Response | None:
-        """An error for a body that must not be read at all, or None."""
+    def length_error(self, length: int | None) -> ApiError | None:
+        """Why a body of ``length`` bytes (None: not said) must not be read at all, or None."""
         if length is None:
-            return error_response(
+            return ApiError(
                 "MissingContentLength", "the request needs a Content-Length header", 411
             )
         if length > self.max_body:
-            return error_response(
+            return ApiError(
                 "RequestEntityTooLarge",
                 f"the request body of {length} bytes is over the limit of {self.max_body} bytes",
                 413,
             )
         return None
+
+    def refuse_length(self, length: int | None) -> Response | None:
+        """:meth:`length_error` as this protocol's error response."""
+        error = self.length_error(length)
+        return None if error is None else _error_for(error)
 
     def handle(self, path: str, headers: Mapping[str, str], body: bytes) -> Response:
         """``headers`` maps lower-case names to values."""

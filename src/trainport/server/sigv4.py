@@ -5,7 +5,11 @@ The server recomputes the signature a client (boto3, the AWS CLI) put in the
 headers the client said it signed, and the SHA-256 of the body. So a wrong secret, a
 tampered body or header, and a replay of a request signed more than 15 minutes away from
 now are all refused. The canonical form follows the published SigV4 algorithm, which is
-what botocore's ``SigV4Auth`` produces.
+what botocore's ``SigV4Auth`` produces; every boto3 call in the tests checks the two agree.
+It is built here rather than by botocore's signer, which is made for signing: it takes an
+``X-Amz-Content-SHA256`` header as the body's hash without hashing the body (a verifier must
+hash what it received), leaves out headers it never signs itself even when a client signed
+them, and takes the query as encoded by its own serializer.
 
 Keys: ``TRAINPORT_SERVER_KEYS`` (``AKID:SECRET,...``) when set; otherwise the key file
 ``$TRAINPORT_HOME/server/keys.json``, created with one new key pair on first start (its
@@ -30,7 +34,13 @@ from urllib.parse import parse_qsl, quote, urlsplit
 from trainport.config import Settings
 from trainport.errors import TrainportError
 
-__all__ = ["AccessKey", "AuthError", "SigV4Verifier", "load_or_create_keys"]
+__all__ = [
+    "AccessKey",
+    "AuthError",
+    "SigV4Verifier",
+    "credential_service",
+    "load_or_create_keys",
+]
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +146,17 @@ def _parse_authorization(value: str) -> tuple[str, list[str], str]:
         ) from exc
 
 
+def credential_service(authorization: str) -> str | None:
+    """The service named in a SigV4 ``Authorization`` header's credential scope, or None
+    when the header is not a SigV4 one (:meth:`SigV4Verifier.verify` says what is wrong)."""
+    try:
+        credential, _, _ = _parse_authorization(authorization)
+    except AuthError:
+        return None
+    parts = credential.split("/")
+    return parts[3] if len(parts) == 5 else None
+
+
 class SigV4Verifier:
     #: Derived signing keys kept. Honest clients use a few (key, date, region, service)
     #: scopes; a bound keeps forged scopes from growing the cache without end.
@@ -161,11 +182,15 @@ class SigV4Verifier:
         headers: Mapping[str, str],
         body: bytes,
         now: dt.datetime | None = None,
+        *,
+        service: str | None = None,
     ) -> str:
         """Check a request's signature; returns the access key id, or raises AuthError.
 
         ``headers`` maps lower-case names to values; ``target`` is the request line's path
-        and query."""
+        and query. The credential scope must name one of the verifier's services, or
+        ``service`` when given (a request for a service the server then says it does not
+        serve)."""
         auth = headers.get("authorization")
         if not auth:
             raise AuthError(
@@ -175,15 +200,16 @@ class SigV4Verifier:
             )
         credential, signed, signature = _parse_authorization(auth)
         try:
-            key_id, date, region, service, terminal = credential.split("/")
+            key_id, date, region, scope_service, terminal = credential.split("/")
         except ValueError as exc:
             raise AuthError(
                 "IncompleteSignatureException", f"malformed Credential {credential!r}"
             ) from exc
-        if terminal != "aws4_request" or service not in self._services:
+        allowed = (service,) if service is not None else self._services
+        if terminal != "aws4_request" or scope_service not in allowed:
             raise AuthError(
                 "InvalidSignatureException",
-                f"Credential scope {credential!r}: expected service one of {self._services}",
+                f"Credential scope {credential!r}: expected service one of {allowed}",
             )
         secret = self._secrets.get(key_id)
         if secret is None:
@@ -228,15 +254,15 @@ class SigV4Verifier:
                 hashlib.sha256(body).hexdigest(),
             )
         )
-        scope = f"{date}/{region}/{service}/aws4_request"
+        scope = f"{date}/{region}/{scope_service}/aws4_request"
         to_sign = "\n".join(
             (ALGORITHM, stamp, scope, hashlib.sha256(canonical.encode()).hexdigest())
         )
-        cache_key = (key_id, date, region, service)
+        cache_key = (key_id, date, region, scope_service)
         with self._lock:
             derived = self._derived.get(cache_key)
         if derived is None:
-            derived = signing_key(secret, date, region, service)
+            derived = signing_key(secret, date, region, scope_service)
         expected = hmac.new(derived, to_sign.encode(), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, signature):
             raise AuthError(
