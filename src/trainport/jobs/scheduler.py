@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from trainport.errors import TrainportError
 from trainport.jobs.service import JobService, in_queue
@@ -40,6 +40,14 @@ def plan(queued: Sequence[Queued], running: int, limit: int) -> list[str]:
     return [q.name for q in order[:free]]
 
 
+class Companion(Protocol):
+    """A background loop that lives as long as the scheduler (the tuning driver)."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class Scheduler:
     """Starts Pending jobs of ``service`` as capacity frees; one background thread."""
 
@@ -53,18 +61,37 @@ class Scheduler:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._companions: list[Companion] = []
 
-    def submit(self, request: dict[str, Any], *, runner: str | None = None) -> str:
+    def attach(self, companion: Companion) -> None:
+        """Start and close ``companion`` with this scheduler."""
+        self._companions.append(companion)
+
+    def submit(
+        self,
+        request: dict[str, Any],
+        *,
+        runner: str | None = None,
+        tuning_job_arn: str | None = None,
+    ) -> str:
         """Queue a CreateTrainingJob request; returns its ARN. It starts at once if a slot
-        is free."""
+        is free. ``tuning_job_arn``: the tuning job launching it, if one is."""
         # Checking may unpack a source tarball (seconds for a large one): outside the lock,
         # so that one request holds up no other submission and no tick.
         spec = self.service.admit(request)
         with self._lock:
             queued, running = self._census()
             if not queued and running < self.limit:  # a slot is free: no wait
-                return self.service.create(request, runner=runner, admitted=spec)
-            arn = self.service.create(request, runner=runner, start=False, admitted=spec)
+                return self.service.create(
+                    request, runner=runner, admitted=spec, tuning_job_arn=tuning_job_arn
+                )
+            arn = self.service.create(
+                request,
+                runner=runner,
+                start=False,
+                admitted=spec,
+                tuning_job_arn=tuning_job_arn,
+            )
         self.tick()
         return arn
 
@@ -118,8 +145,12 @@ class Scheduler:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
             self._thread.start()
+            for companion in self._companions:
+                companion.start()
 
     def close(self) -> None:
+        for companion in self._companions:
+            companion.close()
         self._stopped.set()
         self._wake.set()
         if self._thread is not None:

@@ -203,12 +203,14 @@ class JobService:
         runner: str | None = None,
         start: bool = True,
         admitted: JobSpec | None = None,
+        tuning_job_arn: str | None = None,
     ) -> str:
         """Accept a CreateTrainingJob request and start it; returns the job's ARN.
 
         With ``start=False`` the job waits with SecondaryStatus Pending until
         :meth:`start` (called by a scheduler when capacity frees). ``admitted`` is what
-        :meth:`admit` returned for this request, if the caller ran it already."""
+        :meth:`admit` returned for this request, if the caller ran it already;
+        ``tuning_job_arn`` names the tuning job that launches it, if one does."""
         spec = admitted or self.admit(request)
         requested = runner or spec.runner or self.settings.runner
         if requested == "ray":
@@ -241,6 +243,7 @@ class JobService:
             runner=runner_name,
             job_dir=str(self.settings.jobs_dir / spec.name),
             launcher=liveness.identity(os.getpid()) if start else None,
+            tuning_job_arn=tuning_job_arn,
         )
         if not start:
             waiting = "Waiting for capacity: the job starts when a running job ends"

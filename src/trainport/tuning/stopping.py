@@ -1,0 +1,124 @@
+"""Stopping children early: Hyperband's rungs (asynchronous successive halving) and the
+median rule of ``TrainingJobEarlyStoppingType: Auto``.
+
+Both read a child's objective metric as it reports it once per epoch (the points the
+definition's MetricDefinitions find in its log), and both are pure: they take every
+child's points with their timestamps and return the names to stop. Nothing is kept
+between calls; a decision depends only on points already recorded, so a restarted
+driver decides the same.
+
+**Hyperband (ASHA).** Rungs sit at ``MinResource * eta**k`` epochs below MaxResource. A
+child that reaches a rung goes on only if its value there is within the best ``1/eta`` of
+the values that the children before it (by the time they reached that rung) had there; a
+child first at a rung always goes on. This is asynchronous successive halving: no child
+waits for a rung to fill, so ``MaxParallelTrainingJobs`` stays busy, and the strongest
+child is never stopped, so it trains to MaxResource.
+
+**Median rule.** After epoch ``k`` a child is stopped when its value is worse than the
+median, over the children started before it that reached epoch ``k``, of their running
+averages up to epoch ``k``; it needs :data:`MEDIAN_MIN_PEERS` such children to judge.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainport.tuning.spec import Objective
+
+__all__ = ["ETA", "MEDIAN_MIN_PEERS", "Progress", "hyperband_stops", "median_stops", "rungs"]
+
+ETA = 3  # Hyperband's reduction factor: one child in three goes on from each rung
+MEDIAN_MIN_PEERS = 3
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One child's objective so far: ``points`` are (timestamp, value), one per epoch."""
+
+    name: str
+    index: int
+    points: tuple[tuple[float, float], ...]
+    running: bool
+
+
+def rungs(min_resource: int, max_resource: int, eta: int = ETA) -> list[int]:
+    """The epochs at which Hyperband judges a child: below MaxResource, where it ends."""
+    out = []
+    r = max(1, min_resource)
+    while r < max_resource:
+        out.append(r)
+        r *= eta
+    return out
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile with linear interpolation between order statistics."""
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _cut_at_rung(
+    child: Progress, rung: int, peers: Sequence[Progress], objective: Objective
+) -> bool:
+    stamp, value = child.points[rung - 1]
+    earlier = [
+        p.points[rung - 1][1]
+        for p in peers
+        if p.name != child.name
+        and len(p.points) >= rung
+        and (p.points[rung - 1][0], p.index) < (stamp, child.index)
+    ]
+    if not earlier:
+        return False
+    # The value the best 1/eta of the earlier children reached: worse than it, stop.
+    if objective.minimize:
+        return value > _quantile(earlier, 1 / ETA)
+    return value < _quantile(earlier, 1 - 1 / ETA)
+
+
+def hyperband_stops(
+    children: Sequence[Progress],
+    min_resource: int,
+    max_resource: int,
+    objective: Objective,
+    *,
+    stop_at_max: bool = False,
+) -> list[str]:
+    """The running children Hyperband stops now. ``stop_at_max``: a child that has had
+    MaxResource epochs is stopped too (its own epochs go further than the budget)."""
+    levels = rungs(min_resource, max_resource)
+    out = []
+    for child in children:
+        if not child.running:
+            continue
+        reached = [r for r in levels if len(child.points) >= r]
+        if any(_cut_at_rung(child, r, children, objective) for r in reached) or (
+            stop_at_max and len(child.points) >= max_resource
+        ):
+            out.append(child.name)
+    return out
+
+
+def median_stops(children: Sequence[Progress], objective: Objective) -> list[str]:
+    """The running children the median rule stops now."""
+    out = []
+    for child in children:
+        epoch = len(child.points)
+        if not child.running or epoch == 0:
+            continue
+        averages = [
+            statistics.fmean(v for _, v in p.points[:epoch])
+            for p in children
+            if p.index < child.index and len(p.points) >= epoch
+        ]
+        if len(averages) < MEDIAN_MIN_PEERS:
+            continue
+        median = statistics.median(averages)
+        if objective.better(median, child.points[-1][1]):
+            out.append(child.name)
+    return out
