@@ -92,3 +92,57 @@ def test_pipe_worker_channels_are_in_inputdataconfig(home: Path, service: JobSer
         "got": {"train_w0": "02", "train_w1": "13"},
         "channels": ["train", "train_w0", "train_w1"],
     }
+
+
+@pytest.mark.parametrize(
+    ("image", "plays"),
+    [
+        (None, True),
+        ("763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.3", True),
+        ("pytorch", True),  # a short name: nothing an engine could pull as such
+        ("team/trainer:1", True),
+        ("registry.example.com/team/trainer:1", False),
+        ("localhost:5000/trainer", False),
+        ("localhost/trainer:1", False),
+    ],
+)
+def test_which_images_script_mode_stands_for(image: str | None, plays: bool) -> None:
+    from trainport.host import command
+
+    assert command.plays_image(image) is plays
+
+
+REGISTRY_IMAGE = "registry.invalid.example/team/trainer:1"
+
+
+def _entry_point_job(home: Path, image: str) -> dict[str, object]:
+    from tests.test_script_mode_job import script_job
+
+    put(home, "data", "train/x.csv", "1\n")
+    body = script_job(home, "byo-image", {"train.py": "print('ran on the host')"}, "train.py")
+    body["AlgorithmSpecification"]["TrainingImage"] = image  # type: ignore[index]
+    return body
+
+
+def test_an_image_of_a_registry_is_pulled_not_played(
+    home: Path, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import require
+    from trainport.config import container_engine_setting
+    from trainport.errors import ValidationError
+    from trainport.runners import container
+
+    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", "auto")
+    require(container.find_engine(container_engine_setting()) is not None, "no container engine")
+    with pytest.raises(ValidationError, match=rf"{REGISTRY_IMAGE!r}.*could not be pulled"):
+        service.create(_entry_point_job(home, REGISTRY_IMAGE))
+
+
+def test_an_image_of_a_registry_without_an_engine_is_named(
+    home: Path, service: JobService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainport.errors import ValidationError
+
+    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", "none")
+    with pytest.raises(ValidationError, match=rf"{REGISTRY_IMAGE!r} is not a framework image"):
+        service.create(_entry_point_job(home, REGISTRY_IMAGE))

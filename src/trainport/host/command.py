@@ -36,6 +36,8 @@ __all__ = [
     "container_engine",
     "image_dir",
     "plain_command",
+    "plays_image",
+    "registry_image",
     "runs_in_docker",
 ]
 
@@ -68,12 +70,29 @@ def is_script_mode(spec: JobSpec) -> bool:
     return all(k in spec.hyperparameters for k in SCRIPT_MODE_KEYS)
 
 
+def registry_image(image: str) -> bool:
+    """Whether ``image`` names a registry of its own (``registry.example.com/team/img:1``,
+    ``localhost:5000/img``): one an engine can pull whatever its configuration, unlike a
+    short name (``pytorch``, ``team/img``) that means something only where it was built."""
+    first, slash, _ = image.partition("/")
+    return bool(slash) and ("." in first or ":" in first or first == "localhost")
+
+
+def plays_image(image: str | None) -> bool:
+    """Whether trainport's script mode may stand for a job's image that no engine here
+    has: a framework image (see host.frameworks), no image, or a short name; not an image
+    of a registry, which is that image's to run."""
+    from trainport.host.frameworks import parse_image_uri
+
+    return not image or parse_image_uri(image) is not None or not registry_image(image)
+
+
 def container_engine(spec: JobSpec) -> str | None:
     """The engine that will run the job's TrainingImage as a container, or None.
 
-    An image the engine has always runs in it. One it lacks is pulled only for a job that
-    has no other way to run (no ContainerEntrypoint, not script mode): those kept today's
-    meaning, where a framework image's reference stands for trainport's script mode.
+    An image the engine has always runs in it. One it lacks is pulled for a job that has no
+    other way to run (no ContainerEntrypoint) unless script mode stands for it
+    (:func:`plays_image`): a framework image's reference means trainport's script mode.
     """
     from trainport.config import container_engine_setting
     from trainport.runners import container
@@ -85,7 +104,7 @@ def container_engine(spec: JobSpec) -> str | None:
         return None
     if container.image_present(engine, spec.training_image):
         return engine
-    if spec.entrypoint or is_script_mode(spec):
+    if spec.entrypoint or (is_script_mode(spec) and plays_image(spec.training_image)):
         return None
     container.pull_image(engine, spec.training_image)
     return engine
@@ -150,6 +169,13 @@ def check_runnable(spec: JobSpec) -> str:
             )
         return "image"
     if is_script_mode(spec):
+        if not plays_image(spec.training_image):
+            raise ValidationError(
+                f"AlgorithmSpecification.TrainingImage {spec.training_image!r} is not a "
+                "framework image trainport plays in script mode (see docs/framework-images.md), "
+                "and no container engine (podman, or docker with its daemon running) was found "
+                "to run it; install one, or name a framework image"
+            )
         return "script"
     if any(k in spec.hyperparameters for k in SCRIPT_MODE_KEYS):
         raise ValidationError(
