@@ -1,4 +1,5 @@
-"""Real jobs, real processes and signals: the lifecycle of CONTRACT.md section 2."""
+"""Real jobs, real processes and signals: a job's lifecycle as docs/contract.md's "The end of
+a job" describes it."""
 
 from __future__ import annotations
 

@@ -504,7 +504,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-# Seed 004's layout: one Pipe channel per rank, train_<rank>.
+# A Horovod job's usual layout: one Pipe channel per rank, train_<rank>.
 # The channel is this rank's alone: it reads all of it (a slot of one reader).
 data = ChannelDataset.from_channel(f"train_{hvd.rank()}", record_format="tfrecord", slot=ReaderSlot())
 seen, first = 0, None

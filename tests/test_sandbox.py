@@ -1,5 +1,6 @@
-"""Hostile jobs against the sandbox, in each of its ways (CONTRACT.md's "what a job may
-see"): every test proves a refusal, not merely that nothing crashed.
+"""Hostile jobs against the sandbox, in each of its ways (what a job may see, as the
+README's Runners section lists it): every test proves a refusal, not merely that nothing
+crashed.
 
 The jobs run as root inside (uid 0 of their user namespace), as SageMaker scripts expect,
 and try what an attacker with a key would: read the platform's files by path and through

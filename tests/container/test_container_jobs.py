@@ -1,6 +1,6 @@
 """Jobs whose TrainingImage is an image in the machine's container engine (podman, and
-docker through the tests' own daemon): the bring-your-own contract of seed 000 checked
-inside a real container."""
+docker through the tests' own daemon): the bring-your-own-container contract (an image
+run as ``image train`` that finds everything at /opt/ml) checked inside a real container."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from trainport.errors import ValidationError
 from trainport.jobs.service import JobService
 from trainport.runners.container import engine_kind, find_engine, image_present
 
-# A BYO training program that hard-codes /opt/ml, as seed 000's images do.
+# A BYO training program that hard-codes /opt/ml, as images written for SageMaker do.
 TRAIN = r"""#!/bin/sh
 echo "args=$* host=$(hostname) job=$TRAINING_JOB_NAME arn=${TRAINING_JOB_ARN%%:*} foo=$FOO"
 grep -q algo-1 /etc/hosts && echo "algo-1 in hosts"

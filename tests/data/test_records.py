@@ -1,4 +1,4 @@
-"""TFRecord and RecordIO codecs: CONTRACT.md section 4 golden vectors, round trips, corruption."""
+"""TFRecord and RecordIO codecs: the golden vectors of docs/contract.md, round trips, corruption."""
 
 from __future__ import annotations
 

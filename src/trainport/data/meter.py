@@ -1,7 +1,8 @@
 """A throughput meter for the input pipeline: records/s, MB/s and time stalled on input.
 
-Seed 003 measures input throughput by iterating the dataset without training and printing
-steps/s every 100 steps. :class:`ThroughputMeter` does that bookkeeping for training code:
+The usual way to find out whether input limits training is to iterate the dataset without
+training and print steps/s every 100 steps. :class:`ThroughputMeter` keeps that count
+inside real training code:
 
     meter = ThroughputMeter()
     for batch in meter.wrap(loader, size=lambda b: (len(b), sum(map(len, b)))):

@@ -1,12 +1,14 @@
-"""Seed 003's "parsing the raw pipe" reader, written as a user would, reads trainport's FIFOs.
+"""A Pipe-mode reader that parses the raw FIFO itself, as users write them, reads trainport's
+FIFOs.
 
-Seed 003 streams TFRecord files over a Pipe channel and parses the FIFO
-``/opt/ml/input/data/<channel>_<epoch>`` itself: ``open(path, "rb", buffering=0)``, then
-``struct.unpack("Q", read(8))`` for the length, 4 bytes of length CRC, ``read(length)``, 4 bytes
-of data CRC, until a read comes back empty. Its two TODOs ("check the crc", "verify that you
-read recordLen bytes") are done here the way a careful user would do them, with no trainport
-import: a table-driven CRC-32C and a loop over short reads (a FIFO returns at most what the
-writer has put in so far). The objects are written with trainport.data's TFRecord writer;
+The reader streams TFRecord files over a Pipe channel and parses the FIFO
+``/opt/ml/input/data/<channel>_<epoch>`` with no library: ``open(path, "rb", buffering=0)``,
+then ``struct.unpack("Q", read(8))`` for the length, 4 bytes of length CRC,
+``read(length)``, 4 bytes of data CRC, until a read comes back empty. The two steps such
+readers often leave out (checking the CRCs, and making sure ``length`` bytes really arrived)
+are done here the way a careful user would do them, with no trainport import: a
+table-driven CRC-32C and a loop over short reads (a FIFO returns at most what the writer has
+put in so far). The objects are written with trainport.data's TFRecord writer;
 every record of every epoch must arrive intact and in key order.
 """
 
@@ -25,7 +27,7 @@ from trainport.runners.sandbox import sandbox_problem
 
 # The user's training script. argv: channel name, number of epochs. Prints one line per
 # epoch: the record count and a sha256 over (length, record) pairs in arrival order.
-_SEED003_READER = r"""
+_RAW_PIPE_READER = r"""
 import hashlib, os, struct, sys, time
 
 data_dir = os.path.join(os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml"), "input", "data")
@@ -118,7 +120,7 @@ def _encode(records: list[bytes], path: Path) -> bytes:
 
 
 @pytest.mark.parametrize("runner", ["process", "sandbox"])
-def test_seed003_raw_pipe_reader(
+def test_a_raw_pipe_reader_reads_every_record(
     home: Path, service: JobService, tmp_path: Path, runner: str
 ) -> None:
     if runner == "sandbox":
@@ -134,10 +136,10 @@ def test_seed003_raw_pipe_reader(
             expected.update(len(record).to_bytes(8, "little") + record)
             count += 1
     epochs = 3
-    name = f"seed003-{runner}"
+    name = f"raw-pipe-{runner}"
     job = python_job(
         name,
-        _SEED003_READER,
+        _RAW_PIPE_READER,
         InputDataConfig=[
             {
                 "ChannelName": "train",
