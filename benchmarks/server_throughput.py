@@ -185,12 +185,22 @@ def list_calls(jobs: int) -> dict[str, dict[str, object]]:
         "List StatusEquals, SortBy Name": {"StatusEquals": "Failed", "SortBy": "Name"},
         "List SortBy Name": {"SortBy": "Name", "SortOrder": "Ascending"},
         "List SortBy Status": {"SortBy": "Status"},
-        "List NameContains": {"NameContains": "bench-0"},
+        "List NameContains (most jobs)": {"NameContains": "bench-0"},
+        "List NameContains (ten jobs)": {"NameContains": "bench-00004"},
         "List CreationTimeAfter (last hour)": {"CreationTimeAfter": last_hour},
         "List CreationTimeBefore (first half)": {
             "CreationTimeBefore": time.time() - SPACING * jobs / 2
         },
         "List LastModifiedTimeAfter (last hour)": {"LastModifiedTimeAfter": last_hour},
+        "List LastModifiedTimeAfter, oldest first": {
+            "LastModifiedTimeAfter": last_hour,
+            "SortOrder": "Ascending",
+        },
+        "List CreationTimeAfter, SortBy Name": {"CreationTimeAfter": last_hour, "SortBy": "Name"},
+        "List CreationTimeBefore, SortBy Status": {
+            "CreationTimeBefore": time.time() - SPACING * jobs / 2,
+            "SortBy": "Status",
+        },
         "List LastModifiedTimeBefore (first half)": {
             "LastModifiedTimeBefore": time.time() - SPACING * jobs / 2
         },

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from trainport.jobs.db import JobDB, ListQuery, PageKey, list_sql
+from trainport.jobs import listing
+from trainport.jobs.db import JobDB, ListQuery, PageKey
 from trainport.jobs.records import JobRecord
 
 SORTS = [
@@ -38,10 +40,30 @@ def db(tmp_path: Path) -> JobDB:
     return jobs
 
 
-def _plan(db: JobDB, query: ListQuery) -> list[str]:
-    sql, args = list_sql("name", query)
+def _plan(db: JobDB, select: listing.Select) -> tuple[list[str], list[str]]:
+    """The steps of ``select``'s plan: those that choose the jobs (the subquery of rowids),
+    and those that read the chosen rows."""
     with sqlite3.connect(db.path) as conn:
-        return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+        rows = conn.execute("EXPLAIN QUERY PLAN " + select.sql, select.args).fetchall()
+    parents = {node: parent for node, parent, _, _ in rows}
+    subqueries = {node for node, _, _, detail in rows if detail.startswith("LIST SUBQUERY")}
+
+    def choosing(node: int) -> bool:
+        while node:
+            if node in subqueries:
+                return True
+            node = parents.get(node, 0)
+        return False
+
+    chosen = [detail for node, _, _, detail in rows if choosing(parents[node])]
+    read = [detail for node, parent, _, detail in rows if parent == 0]
+    return chosen, read
+
+
+def _reads_only_indexes(steps: list[str]) -> bool:
+    """Whether every table access of ``steps`` reads an index alone (or the name index)."""
+    accesses = [s for s in steps if s.startswith(("SCAN", "SEARCH")) and "subquery" not in s]
+    return bool(accesses) and all("COVERING INDEX" in s or "VIRTUAL TABLE" in s for s in accesses)
 
 
 @pytest.mark.parametrize(("sort_by", "sort_order"), SORTS)
@@ -50,23 +72,23 @@ def _plan(db: JobDB, query: ListQuery) -> list[str]:
 def test_a_list_page_is_read_off_an_index_in_its_order(
     db: JobDB, sort_by: str, sort_order: str, status: str | None, paged: bool
 ) -> None:
-    after = PageKey(
-        "job-0100" if sort_by == "Name" else ("Failed" if sort_by == "Status" else 1050.0),
-        "job-0100",
-    )
+    value = {"Name": "job-0100", "Status": "Failed"}.get(sort_by, 1050.0)
     query = ListQuery(
         status_equals=status,
         sort_by=sort_by,
         sort_order=sort_order,
-        after=after if paged else None,
+        after=PageKey(value, "job-0100") if paged else None,
         limit=11,
     )
-    plan = _plan(db, query)
-    # No sort of the matching rows (a temporary B-tree), no scan of the table itself.
-    assert not any("TEMP B-TREE" in step for step in plan), plan
-    assert all("INDEX" in step for step in plan), plan
+    assert not listing.unserved(query)
+    chosen, read = _plan(db, listing.query_sql("name, doc", query))
+    # The page is chosen from one index in its order: no sort of the matching jobs...
+    assert _reads_only_indexes(chosen), chosen
+    assert not any("TEMP B-TREE" in s for s in chosen), chosen
     if status or paged:
-        assert any(step.startswith("SEARCH") for step in plan), plan
+        assert any(step.startswith("SEARCH") for step in chosen), chosen
+    # ... and only the page's own rows are read from the table.
+    assert "SEARCH jobs USING INTEGER PRIMARY KEY (rowid=?)" in read, read
 
 
 @pytest.mark.parametrize(
@@ -80,9 +102,98 @@ def test_a_list_page_is_read_off_an_index_in_its_order(
 def test_a_time_filter_sorted_by_creation_is_a_range_of_the_index(
     db: JobDB, bounds: dict[str, float]
 ) -> None:
-    plan = _plan(db, ListQuery(limit=11, **bounds))
-    assert len(plan) == 1 and plan[0].startswith("SEARCH"), plan
-    assert "creation_time" in plan[0] and "TEMP" not in plan[0], plan
+    chosen, _ = _plan(db, listing.query_sql("name", ListQuery(limit=11, **bounds)))
+    [step] = [s for s in chosen if s.startswith(("SCAN", "SEARCH"))]
+    assert step.startswith("SEARCH") and "creation_time" in step, chosen
+    assert not any("TEMP B-TREE" in s for s in chosen), chosen
+
+
+UNSERVED = [
+    ListQuery(name_contains="job-01", limit=11),
+    ListQuery(modified_after=1090.0, sort_order="Ascending", limit=11),
+    ListQuery(creation_before=1020.0, sort_by="Status", limit=11),
+    ListQuery(name_contains="0042", modified_before=1060.0, sort_by="Name", limit=11),
+]
+
+
+@pytest.mark.parametrize("query", UNSERVED)
+def test_filters_the_sort_cannot_serve_are_read_from_indexes_alone(
+    db: JobDB, query: ListQuery
+) -> None:
+    assert listing.unserved(query)
+    selects = [listing.window_sql("doc", query), listing.query_sql("doc", query)]
+    selects += [
+        listing.driven_sql("doc", query, d) for d in listing.drivers(query, names_indexed=True)
+    ]
+    for select in selects:
+        chosen, read = _plan(db, select)
+        assert _reads_only_indexes(chosen), (select.sql, chosen)
+        assert "SEARCH jobs USING INTEGER PRIMARY KEY (rowid=?)" in read, read
+
+
+@pytest.mark.parametrize("window", [3, 50, 2000])
+def test_each_way_of_reading_a_list_gives_the_same_page(
+    db: JobDB, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
+    """A small window sends most lists through the filters' own indexes (step 2) or the
+    sort's index read to the end (step 3); a large one answers them in step 1."""
+    monkeypatch.setattr(listing, "WINDOW", window)
+    records = db.list(ListQuery())
+    for contains, modified_after, creation_before, (by, order), status in itertools.product(
+        (None, "job-01", "0042", "7"),
+        (None, 1090.0),
+        (None, 1020.0),
+        SORTS,
+        (None, "Failed"),
+    ):
+        matching = [
+            r
+            for r in records
+            if (contains is None or contains in r.name)
+            and (modified_after is None or r.last_modified_time > modified_after)
+            and (creation_before is None or r.creation_time < creation_before)
+            and (status is None or r.status == status)
+        ]
+        query = ListQuery(
+            name_contains=contains,
+            modified_after=modified_after,
+            creation_before=creation_before,
+            status_equals=status,
+            sort_by=by,
+            sort_order=order,
+            limit=7,
+        )
+
+        def key(r: JobRecord, by: str = by) -> tuple[object, ...]:
+            if by == "Name":
+                return (r.name,)
+            return (r.status, r.name) if by == "Status" else (r.creation_time, r.name)
+
+        want = [r.name for r in sorted(matching, key=key, reverse=order == "Descending")]
+        page = db.list_summaries(query)
+        assert [s.name for s in page] == want[:7], query
+        if len(want) > 7:
+            nxt = dataclasses.replace(query, after=query.key_of(page[-1]))
+            assert [s.name for s in db.list_summaries(nxt)] == want[7:14], nxt
+
+
+def test_names_stored_before_the_name_index_are_indexed(tmp_path: Path) -> None:
+    path = tmp_path / "trainport.db"
+    JobDB(path).insert_many([_job(i) for i in range(30)])
+    with sqlite3.connect(path) as conn:  # as a file of a version without the index
+        for statement in (
+            "DROP TRIGGER job_names_insert",
+            "DROP TRIGGER job_names_delete",
+            "DROP TABLE job_names",
+        ):
+            conn.execute(statement)
+    db = JobDB(path)
+    assert db.names_indexed
+    query = ListQuery(name_contains="job-002", limit=5)
+    select = listing.driven_sql("name", query, "name")
+    with sqlite3.connect(path) as conn:
+        found = [row[0] for row in conn.execute(select.sql, select.args)]
+    assert found == [f"job-00{i}" for i in (29, 28, 27, 26, 25)]
 
 
 @pytest.mark.parametrize(("sort_by", "sort_order"), SORTS)

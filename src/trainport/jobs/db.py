@@ -5,10 +5,8 @@ Updates are read-modify-write inside ``BEGIN IMMEDIATE`` so the supervisor, the 
 server can all write the same job without losing each other's changes. WAL mode lets readers
 go on while a writer writes.
 
-A list is read off an index in its sort order and stops at its page's size, whatever the
-number of jobs: every sort has an index, a status filter has one per sort, and a page after
-the first starts at the sort key of the previous page's last job (a keyset) rather than
-skipping rows. The file is made whole or not at all (built aside, then linked into place),
+A list is read off indexes and stops at its page's size, whatever the number of jobs (see
+:mod:`.listing`). The file is made whole or not at all (built aside, then linked into place),
 so a file that is empty or is no SQLite database is damage to report, never to overwrite.
 """
 
@@ -17,6 +15,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -26,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from trainport.errors import DatabaseError, NotFoundError, ResourceInUseError
+from trainport.jobs import listing
+from trainport.jobs.listing import ListQuery, PageKey
 from trainport.jobs.records import JobRecord, MetricPoint
 
-__all__ = ["JobDB", "JobSummary", "ListQuery", "PageKey", "list_sql"]
+__all__ = ["JobDB", "JobSummary", "ListQuery", "PageKey"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -38,14 +41,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_modified_time REAL NOT NULL,
     doc TEXT NOT NULL
 );
--- One index per ListTrainingJobs order (ties broken by name; the primary key orders by
--- name), and one per order under a status filter, so a page is read off an index and
--- stops at LIMIT instead of sorting every matching row.
+-- The indexes of earlier versions; lists read those of listing.INDEXES.
 DROP INDEX IF EXISTS jobs_by_status;
-CREATE INDEX IF NOT EXISTS jobs_by_creation_name ON jobs (creation_time, name);
-CREATE INDEX IF NOT EXISTS jobs_by_status_name ON jobs (status, name);
-CREATE INDEX IF NOT EXISTS jobs_by_status_creation_name ON jobs (status, creation_time, name);
-CREATE INDEX IF NOT EXISTS jobs_by_modified ON jobs (last_modified_time);
+DROP INDEX IF EXISTS jobs_by_creation_name;
+DROP INDEX IF EXISTS jobs_by_status_name;
+DROP INDEX IF EXISTS jobs_by_status_creation_name;
+DROP INDEX IF EXISTS jobs_by_modified;
 CREATE TABLE IF NOT EXISTS metrics (
     job TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -53,7 +54,10 @@ CREATE TABLE IF NOT EXISTS metrics (
     value REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS metrics_by_job ON metrics (job, name, ts);
-"""
+""" + "".join(
+    f"CREATE INDEX IF NOT EXISTS {name} ON jobs ({columns});\n"
+    for name, columns in listing.INDEXES.items()
+)
 
 # Below this much free space a failing SQLite is taken to be out of room: a connection
 # needs 32 KiB for the WAL index, and a write some pages of log.
@@ -61,8 +65,6 @@ _ROOM_NEEDED = 256 << 10
 
 # The first 16 bytes of every SQLite database file.
 _SQLITE_HEADER = b"SQLite format 3\x00"
-
-_SORT_COLUMNS = {"Name": "name", "CreationTime": "creation_time", "Status": "status"}
 
 
 @dataclass(frozen=True)
@@ -78,38 +80,40 @@ class JobSummary:
     training_end_time: float | None
 
 
-@dataclass(frozen=True)
-class PageKey:
-    """Where a page of a list ends: the last job's value of the sort column, and its name
-    (which breaks ties). The next page starts after it."""
+# Its own copy of each name (not an external-content index), so a match is looked up by
+# name in an index of jobs, not by reading the jobs table.
+_NAME_INDEX = (
+    "CREATE VIRTUAL TABLE job_names USING fts5(name, tokenize='trigram')",
+    "CREATE TRIGGER job_names_insert AFTER INSERT ON jobs BEGIN "
+    "INSERT INTO job_names(rowid, name) VALUES (new.rowid, new.name); END",
+    "CREATE TRIGGER job_names_delete AFTER DELETE ON jobs BEGIN "
+    "DELETE FROM job_names WHERE rowid = old.rowid; END",
+    # The names of the jobs stored before the index was.
+    "INSERT INTO job_names(rowid, name) SELECT rowid, name FROM jobs",
+)
 
-    value: str | float
-    name: str
 
-
-@dataclass(frozen=True)
-class ListQuery:
-    name_contains: str | None = None
-    status_equals: str | None = None
-    creation_after: float | None = None
-    creation_before: float | None = None
-    modified_after: float | None = None
-    modified_before: float | None = None
-    sort_by: str = "CreationTime"
-    sort_order: str = "Descending"
-    after: PageKey | None = None
-    limit: int | None = None
-
-    def key_of(self, job: JobSummary | JobRecord) -> PageKey:
-        """The key a page that ends at ``job`` hands on to the next."""
-        value: str | float
-        if self.sort_by == "Name":
-            value = job.name
-        elif self.sort_by == "Status":
-            value = job.status
-        else:
-            value = job.creation_time
-        return PageKey(value, job.name)
+def _index_names(conn: sqlite3.Connection) -> bool:
+    """Make the trigram index of job names (NameContains finds rare names through it) if
+    the file has none yet; whether it has one. A SQLite without FTS5's trigram tokenizer
+    (before 3.34) does without: NameContains then reads names in the sort's order."""
+    exists = "SELECT 1 FROM sqlite_master WHERE name = 'job_names'"
+    if conn.execute(exists).fetchone():
+        return True
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if not conn.execute(exists).fetchone():
+            for statement in _NAME_INDEX:
+                conn.execute(statement)
+        conn.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if "fts5" in str(exc) or "tokenizer" in str(exc):
+            log.info("job names are not indexed (this SQLite lacks FTS5 trigrams): %s", exc)
+            return False
+        raise
+    return True
 
 
 def _damaged(path: Path, what: str) -> DatabaseError:
@@ -134,47 +138,6 @@ def _check_file(path: Path) -> None:
         raise _damaged(path, "is not a SQLite database (its first bytes are not SQLite's)")
 
 
-def list_sql(columns: str, query: ListQuery) -> tuple[str, builtins.list[object]]:
-    """The SELECT of ``columns`` that answers ``query``, and its arguments."""
-    where: builtins.list[str] = []
-    args: builtins.list[object] = []
-    if query.name_contains:
-        where.append("instr(lower(name), lower(?)) > 0")
-        args.append(query.name_contains)
-    # A job is modified at or after its creation, so a bound on one time bounds the
-    # other too: the implied range lets an index of either time serve the filter.
-    for column, op, value in (
-        ("status", "=", query.status_equals),
-        ("creation_time", ">", query.creation_after),
-        ("creation_time", "<", query.creation_before),
-        ("last_modified_time", ">", query.modified_after),
-        ("last_modified_time", "<", query.modified_before),
-        ("last_modified_time", ">=", query.creation_after),
-        ("creation_time", "<=", query.modified_before),
-    ):
-        if value is not None:
-            where.append(f"{column} {op} ?")
-            args.append(value)
-    column = _SORT_COLUMNS.get(query.sort_by, "creation_time")
-    order, past = ("ASC", ">") if query.sort_order == "Ascending" else ("DESC", "<")
-    if query.after is not None:
-        # A row value compares column by column, so the index serves it as one range.
-        if column == "name" or (column == "status" and query.status_equals):
-            where.append(f"name {past} ?")
-            args.append(query.after.name)
-        else:
-            where.append(f"({column}, name) {past} (?, ?)")
-            args += [query.after.value, query.after.name]
-    sql = f"SELECT {columns} FROM jobs"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += f" ORDER BY {column} {order}" + (f", name {order}" if column != "name" else "")
-    if query.limit is not None:
-        sql += " LIMIT ?"
-        args.append(query.limit)
-    return sql, args
-
-
 class JobDB:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -184,6 +147,7 @@ class JobDB:
         _check_file(path)
         with self._connect() as conn:
             conn.executescript(_SCHEMA)  # a file of an older trainport gets today's indexes
+            self.names_indexed = _index_names(conn)
 
     def _create(self) -> None:
         """Make the database file whole beside its place and link it in: a process that
@@ -306,9 +270,27 @@ class JobDB:
             return new
 
     def _select(self, columns: str, query: ListQuery) -> builtins.list[tuple[Any, ...]]:
-        sql, args = list_sql(columns, query)
+        """The rows of ``columns`` that answer ``query``, read as :mod:`.listing` says."""
         with self._connect() as conn:
-            return conn.execute(sql, args).fetchall()
+
+            def run(select: listing.Select) -> builtins.list[tuple[Any, ...]]:
+                return conn.execute(select.sql, select.args).fetchall()
+
+            if query.limit is None or not listing.unserved(query):
+                return run(listing.query_sql(columns, query))
+            rows = run(listing.window_sql(columns, query))
+            if len(rows) >= query.limit or run(listing.window_count_sql(query))[0][0] < (
+                listing.WINDOW
+            ):
+                return rows  # a full page, or every job there is was in the window
+            counts = {
+                driver: run(listing.driver_count_sql(query, driver))[0][0]
+                for driver in listing.drivers(query, names_indexed=self.names_indexed)
+            }
+            rarest = min(counts, key=lambda d: counts[d], default=None)
+            if rarest is not None and counts[rarest] < listing.WINDOW:
+                return run(listing.driven_sql(columns, query, rarest))
+            return run(listing.query_sql(columns, query))  # common matches, late in order
 
     def list(self, query: ListQuery) -> builtins.list[JobRecord]:
         return [JobRecord.from_json(json.loads(r[0])) for r in self._select("doc", query)]
