@@ -7,7 +7,8 @@
     │   └── NotFoundError      a job or object that does not exist (ValidationException)
     ├── ResourceInUseError     a job name that is already taken (ResourceInUse)
     ├── StoreError             the object store failed or cannot be reached
-    ├── DatabaseError          the job database cannot be read or written (a full disk)
+    ├── DatabaseError          the job database cannot be read or written (a full disk,
+    │                          a damaged or empty file)
     ├── SandboxError           the sandbox runner cannot isolate a job on this machine
     └── JobError               a job-level failure while running (reported as FailureReason)
 
