@@ -82,7 +82,7 @@ def test_malformed_yaml(home: Path, tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("TrainingJobName: [unclosed\n")
     done = tp("run", str(path))
-    assert done.returncode == 2 and "not valid YAML/JSON" in done.stderr
+    assert done.returncode == 2 and f"the job file {path} is not valid YAML" in done.stderr
 
 
 def test_script_mode_flags(home: Path, tmp_path: Path) -> None:
