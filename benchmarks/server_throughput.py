@@ -1,9 +1,9 @@
 """Throughput and latency of the trainport server: DescribeTrainingJob and ListTrainingJobs
 with 1,000 jobs in the store, beside a trivial operation of the same server (the ceiling).
 
-With ``--jobs 1000,100000`` the same calls run against one store of each size in turn
-(a fresh server each), every ListTrainingJobs filter and sort among them, and a last table
-gives each call's rate at each size as a ratio to its rate at the first size.
+With ``--jobs 1000,100000`` every call, every ListTrainingJobs filter and sort among them,
+runs against a store of each size (a server each, all serving at once), and each call's
+rate at each size is printed beside its rate at the first size, as a ratio.
 
 The server runs as ``trainport server`` in its own process, with SigV4 on. Clients are
 threads of this process, each with one keep-alive connection, replaying requests signed
@@ -269,9 +269,7 @@ def start_server(env: dict[str, str], home: Path) -> tuple[subprocess.Popen[byte
             time.sleep(0.1)
 
 
-def run_store(
-    jobs: int, levels: list[int], seconds: float, every_list: bool
-) -> dict[tuple[str, int], Cell]:
+def run_store(jobs: int, levels: list[int], seconds: float) -> dict[tuple[str, int], Cell]:
     """Fill a store with ``jobs`` jobs, serve it, and measure each operation."""
     results: dict[tuple[str, int], Cell] = {}
     with tempfile.TemporaryDirectory(prefix="trainport-bench-") as tmp:
@@ -285,8 +283,7 @@ def run_store(
         server, port = start_server(env, Path(tmp))
         try:
             ops = operations(port, jobs)
-            if not every_list:
-                ops = {k: v for k, v in ops.items() if not k.startswith("List ")}
+            ops = {k: v for k, v in ops.items() if not k.startswith("List ")}
             for reqs in ops.values():  # warm up every path
                 measure(port, reqs, 2, 0.3)
             print(f"{jobs} jobs in the store; {seconds:.0f} s per cell; {os.cpu_count()} CPUs")
@@ -395,6 +392,58 @@ def compare(ref: str, jobs: int, levels: list[int], seconds: float) -> None:
             drop_worktree(code)
 
 
+def compare_sizes(sizes: list[int], levels: list[int], seconds: float) -> None:
+    """Every call against a store of each size, served at once, cell by cell.
+
+    Each cell is measured on the sizes in turn and then in reverse (1,000, 100,000,
+    100,000, 1,000) and each size's two rates averaged, so a machine that grows busier or
+    quieter during the run weighs on every size alike."""
+    with tempfile.TemporaryDirectory(prefix="trainport-bench-") as tmp:
+        servers: dict[int, tuple[subprocess.Popen[bytes], int]] = {}
+        try:
+            for jobs in sizes:
+                home = Path(tmp) / str(jobs)
+                env = {
+                    **os.environ,
+                    "TRAINPORT_HOME": str(home),
+                    "TRAINPORT_SERVER_KEYS": f"{KEY_ID}:{SECRET}",
+                }
+                settings = load_settings(env)
+                fill(JobDB(settings.db_path), settings.region, jobs)
+                servers[jobs] = start_server(env, home)
+            ops = {jobs: operations(port, jobs) for jobs, (_, port) in servers.items()}
+            for jobs, (_, port) in servers.items():
+                for reqs in ops[jobs].values():  # warm up every path
+                    measure(port, reqs, 2, 0.3)
+            first = sizes[0]
+            print(
+                f"jobs in the store: {', '.join(map(str, sizes))}, served at once; "
+                f"{seconds:.0f} s per cell, each measured twice; {os.cpu_count()} CPUs"
+            )
+            columns = [f"{n} req/s" for n in sizes] + [f"{n}/{first}" for n in sizes[1:]]
+            columns += [f"{n} p50 ms" for n in sizes]
+            print(f"{'operation':42} {'clients':>7} " + " ".join(f"{c:>13}" for c in columns))
+            for label in ops[first]:
+                for clients in levels:
+                    cells: dict[int, list[Cell]] = {n: [] for n in sizes}
+                    for jobs in [*sizes, *reversed(sizes)]:
+                        port = servers[jobs][1]
+                        cells[jobs].append(measure(port, ops[jobs][label], clients, seconds))
+                    rate = {n: statistics.mean(c[0] for c in cells[n]) for n in sizes}
+                    p50 = {n: statistics.mean(c[1] for c in cells[n]) for n in sizes}
+                    errors = sum(c[3] for n in sizes for c in cells[n])
+                    note = f"  ({errors} errors)" if errors else ""
+                    ratios = [rate[n] / rate[first] if rate[first] else 0.0 for n in sizes[1:]]
+                    values = [f"{rate[n]:13.0f}" for n in sizes]
+                    values += [f"{r:12.2f}x" for r in ratios]
+                    values += [f"{p50[n]:13.2f}" for n in sizes]
+                    print(f"{label:42} {clients:7d} " + " ".join(values) + note, flush=True)
+        finally:
+            for server, _ in servers.values():
+                server.terminate()
+                server.wait(timeout=10)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -416,21 +465,10 @@ def main() -> int:
         for jobs in sizes:
             compare(args.ref, jobs, levels, args.seconds)
         return 0
-    every_list = len(sizes) > 1
-    runs = {n: run_store(n, levels, args.seconds, every_list) for n in sizes}
-    if every_list:
-        first, *others = sizes
-        print(
-            f"\nrate at each size / rate at {first} jobs (1.00 = as fast; below 0.67 = "
-            "more than 1.5x slower)"
-        )
-        print(f"{'operation':42} {'clients':>7} " + " ".join(f"{n:>9}" for n in others))
-        for label, clients in runs[first]:
-            base = runs[first][label, clients][0]
-            cells = " ".join(
-                f"{runs[n][label, clients][0] / base if base else 0.0:9.2f}" for n in others
-            )
-            print(f"{label:42} {clients:7d} {cells}")
+    if len(sizes) > 1:
+        compare_sizes(sizes, levels, args.seconds)
+        return 0
+    run_store(sizes[0], levels, args.seconds)
     return 0
 
 
