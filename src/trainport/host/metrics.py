@@ -178,7 +178,7 @@ class MetricMatcher:
                 try:
                     found = self._match(line)
                 except _Gone as exc:
-                    if self._closing.is_set():
+                    if self._abandoned:  # close() ended it: this line was left, not runaway
                         self._left += 1 + self._drop_queued()
                         break
                     self._disable(str(exc), line)
@@ -188,7 +188,7 @@ class MetricMatcher:
                     self.on_points(pending)
                     pending, last_flush = [], time.monotonic()
         except _Gone as exc:
-            if self._closing.is_set():
+            if self._abandoned:
                 self._left += self._drop_queued()
             else:
                 self._disable(str(exc), None)
