@@ -62,6 +62,12 @@ def test_a_tail_reads_past_a_line_of_two_mebibytes(sm: Any, server: Any) -> None
         )
     assert backward == messages
 
+    # FilterLogEvents, one event a page: each page goes on from inside the long line.
+    pages = logs.get_paginator("filter_log_events").paginate(
+        logGroupName=GROUP, logStreamNamePrefix="long-line/", PaginationConfig={"PageSize": 1}
+    )
+    assert [e["message"] for page in pages for e in page["events"]] == messages
+
 
 def _write(path: Path, lines: list[tuple[float, str]]) -> None:
     path.write_bytes(b"".join(f"{t:.3f}\t{text}\n".encode() for t, text in lines))

@@ -292,18 +292,19 @@ class LogsApi:
         end_ms = _optional_ms(params, "endTime")
         matches = FilterPattern(_text(params, "filterPattern"))
         token = params.get("nextToken")
-        after = _page_key(_decode(token, "nextToken")) if isinstance(token, str) and token else None
+        page = _Page.of(_decode(token, "nextToken")) if isinstance(token, str) and token else None
 
         streams = self._named_streams(names) if names is not None else self._streams(prefix)
         streams = [s for s in streams if _may_hold(s, start_ms, end_ms)]
-        merged = heapq.merge(*(_ordered(s, after) for s in streams))
+        merged = heapq.merge(*(_ordered(s, page) for s in streams))
         events: list[dict[str, Any]] = []
         size = 0
-        last: _Keyed | None = None
+        read = _Page((0, "", 0), dict(page.resume) if page else {})
         for keyed in merged:
             if len(events) == limit or size >= MAX_READ:
-                return _filtered(events, streams, last)
-            last = keyed
+                return _filtered(events, streams, read)
+            read.last = (keyed.order, keyed.stream, keyed.start)
+            read.resume[keyed.stream] = (keyed.event.end, keyed.order)
             event = keyed.event
             if start_ms is not None and event.timestamp < start_ms:
                 continue
@@ -346,16 +347,17 @@ def _stream_key_of(doc: Any, order_by: str) -> bool:
 
 
 def _filtered(
-    events: list[dict[str, Any]], streams: list[Stream], last: _Keyed | None
+    events: list[dict[str, Any]], streams: list[Stream], read: _Page | None
 ) -> dict[str, Any]:
+    """The response; ``read`` is where the page ended, None when every stream was read."""
     out: dict[str, Any] = {
         "events": events,
         "searchedLogStreams": [
-            {"logStreamName": s.name, "searchedCompletely": last is None} for s in streams
+            {"logStreamName": s.name, "searchedCompletely": read is None} for s in streams
         ],
     }
-    if last is not None:
-        out["nextToken"] = _encode([last.order, last.stream, last.event.start])
+    if read is not None:
+        out["nextToken"] = _encode(read.to_json())
     return out
 
 
@@ -382,23 +384,44 @@ class _Keyed:
     event: LogEvent
 
 
-def _page_key(doc: Any) -> tuple[int, str, int]:
-    if (
-        isinstance(doc, list)
-        and len(doc) == 3
-        and isinstance(doc[0], int)
-        and isinstance(doc[1], str)
-        and isinstance(doc[2], int)
-    ):
-        return doc[0], doc[1], doc[2]
-    raise _invalid("nextToken: not a token this server gave")
+@dataclass
+class _Page:
+    """Where a page of FilterLogEvents ended: the last event it read, and for each stream
+    it read from, where that stream's next event starts and its running order there, so
+    the next page reads each stream on from there instead of from its start."""
+
+    last: tuple[int, str, int]
+    resume: dict[str, tuple[int, int]]
+
+    def to_json(self) -> dict[str, Any]:
+        # A search over many streams keeps its token short and reads them from the start.
+        resume = self.resume if len(self.resume) <= _MAX_NAMED_STREAMS else {}
+        return {"last": list(self.last), "resume": {k: list(v) for k, v in resume.items()}}
+
+    @classmethod
+    def of(cls, doc: Any) -> _Page:
+        invalid = _invalid("nextToken: not a token this server gave")
+        if not isinstance(doc, dict):
+            raise invalid
+        last, resume = doc.get("last"), doc.get("resume")
+        if not (
+            isinstance(last, list)
+            and [type(v) for v in last] == [int, str, int]
+            and isinstance(resume, dict)
+            and all(
+                isinstance(v, list) and [type(x) for x in v] == [int, int] for v in resume.values()
+            )
+        ):
+            raise invalid
+        return cls((last[0], last[1], last[2]), {k: (v[0], v[1]) for k, v in resume.items()})
 
 
-def _ordered(stream: Stream, after: tuple[int, str, int] | None) -> Iterator[_Keyed]:
-    order = 0
-    for event in LogFile(stream.path).events():
+def _ordered(stream: Stream, page: _Page | None) -> Iterator[_Keyed]:
+    """``stream``'s events after ``page``, each with its place in the merge of streams."""
+    offset, order = page.resume.get(stream.name, (0, 0)) if page else (0, 0)
+    for event in LogFile(stream.path).events(offset):
         order = max(order, event.timestamp)
-        if after is None or (order, stream.name, event.start) > after:
+        if page is None or (order, stream.name, event.start) > page.last:
             yield _Keyed(order, stream.name, event.start, event)
 
 
