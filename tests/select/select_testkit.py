@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import signal
 from dataclasses import dataclass
@@ -116,3 +117,38 @@ def max_weight_diff(a: dict[str, dict[str, Any]], b: dict[str, dict[str, Any]]) 
 
 def marker_path(tmp: Path) -> str:
     return str(tmp / "killed.marker")
+
+
+@dataclass(frozen=True)
+class NaNValidation:
+    """A trainer whose validation metrics are all NaN, as a diverged model's are."""
+
+    inner: TorchTrainer
+
+    def load_partition(self, files: Any) -> Any:
+        return self.inner.load_partition(files)
+
+    def data_bytes(self, data: Any) -> int:
+        return self.inner.data_bytes(data)
+
+    def init_state(self, config: Config, seed: int) -> bytes:
+        return self.inner.init_state(config, seed)
+
+    def evaluate(self, state: bytes, data: Any, config: Config) -> dict[str, float]:
+        return {name: math.nan for name in self.inner.evaluate(state, data, config)}
+
+    def save_model(self, state: bytes, config: Config, path: Path) -> None:
+        self.inner.save_model(state, config, path)
+
+    def cost(self, config: Config) -> float:
+        return self.inner.cost(config)
+
+    def train_unit(
+        self, state: bytes, data: Any, config: Config, epoch: int
+    ) -> tuple[bytes, UnitMetrics]:
+        return self.inner.train_unit(state, data, config, epoch)
+
+
+def nan_trainer(in_features: int, batch_size: int) -> NaNValidation:
+    """``trainer:`` of a spec: the MLP, its validation metrics NaN."""
+    return NaNValidation(mlp_trainer(in_features, batch_size=batch_size))

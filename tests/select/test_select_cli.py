@@ -113,3 +113,15 @@ def test_unreported_names_what_the_trainer_reports() -> None:
     assert said is not None and said.endswith(
         "it reports train_loss, val_accuracy, val_loss. Set metric to one of those"
     )
+
+
+def test_no_finite_metric_means_no_best_model(tmp_path: Path, dataset: Path) -> None:
+    path = write_spec(
+        tmp_path, dataset, trainer="tests.select.select_testkit:nan_trainer", epochs=1
+    )
+    result = CliRunner().invoke(select_command, [str(path), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert "no model reported a finite val_accuracy in its last epoch" in result.output
+    assert "best:" not in result.output and "best_model.pt" in result.output  # the refusal
+    assert "(epochs.csv, schedule.csv, gantt.png, result.json)" in result.output
+    assert not (tmp_path / "out" / "best_model.pt").exists()
