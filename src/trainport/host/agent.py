@@ -31,6 +31,7 @@ from trainport.host import command as commands
 from trainport.host import (
     diskspace,
     failure,
+    framework_envs,
     frameworks,
     gpus,
     jobenv,
@@ -499,12 +500,15 @@ class HostAgent:
             field="HyperParameters.sagemaker_submit_directory",
         )
         self._unpack_code(source, layout)
+        layer = framework_envs.layer_for(spec.training_image)
+        self._notes += framework_envs.image_notes(spec.training_image)
         python = script_mode.prepare_python(
             layout.code_dir,
             self.settings.envs_dir,
             base_python=sys.executable,
             log=lambda line: self._log_line(f"[trainport] {line}"),
             build=functools.partial(self._build_env, env, f"{base_dir}/code", layout),
+            framework=layer.requirements if layer else (),
         )
         argv, sm_env = script_mode.script_invocation(
             base_dir=Path(base_dir),

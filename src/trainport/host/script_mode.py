@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -329,48 +329,87 @@ def prepare_python(
     base_python: str = sys.executable,
     log: Callable[[str], None],
     build: EnvBuilder | None = None,
+    framework: Sequence[str] = (),
 ) -> str:
     """The interpreter to run the user's code with.
 
-    Without ``code_dir/requirements.txt`` that is ``base_python``. With it, a virtual
-    environment under ``envs_dir/<sha256>`` (of the requirements file and the base
-    interpreter), built once and reused: the requirements install into the venv and take
-    precedence, while everything importable from the base interpreter's site-packages (also
-    when the base is itself a venv) stays importable through a ``.pth`` file. pip's output
-    goes line by line to ``log``. Builds happen in a temporary folder renamed into place under
-    a lock file, so concurrent callers build once and a crash leaves no half-built cache.
+    Without ``framework`` lines and ``code_dir/requirements.txt`` that is ``base_python``.
+    ``framework`` (pip requirement lines, see :mod:`trainport.host.framework_envs`) makes a
+    layer on it, and ``requirements.txt`` a layer on that: each a virtual environment under
+    ``envs_dir/<sha256>`` (of its lines and the interpreter under it), built once and
+    reused. A layer's packages take precedence, while everything importable from the
+    interpreter under it (also when that is itself a venv) stays importable through a
+    ``.pth`` file. pip's output goes line by line to ``log``. Builds happen in a temporary
+    folder renamed into place under a lock file, so concurrent callers build once and a
+    crash leaves no half-built cache.
 
-    The build runs the request's code (setup.py of a local package, say): ``build`` runs
-    it where the job runs, in its confinement; without one it runs here, as the caller.
+    The build runs code from the package index and the request (setup.py of a local
+    package, say): ``build`` runs it where the job runs, in its confinement; without one it
+    runs here, as the caller.
     """
+    python = base_python
+    if framework:
+        lines = "".join(f"{line}\n" for line in framework).encode()
+        python = _layer(lines, None, Path(envs_dir), python, log, build, "framework image")
     requirements = Path(code_dir) / "requirements.txt"
-    if not requirements.is_file():
-        return base_python
-    base = _base_info(base_python)
-    digest = hashlib.sha256(
-        requirements.read_bytes() + b"\0" + json.dumps(base, sort_keys=True).encode()
-    ).hexdigest()
-    envs = Path(envs_dir)
+    if requirements.is_file():
+        layered = python != base_python
+        python = _layer(
+            requirements.read_bytes(),
+            requirements,
+            Path(envs_dir),
+            python,
+            log,
+            build,
+            "requirements.txt",
+            isolated=layered,
+        )
+    return python
+
+
+def _layer(
+    lines: bytes,
+    requirements: Path | None,
+    envs: Path,
+    base_python: str,
+    log: Callable[[str], None],
+    build: EnvBuilder | None,
+    what: str,
+    *,
+    isolated: bool = False,
+) -> str:
+    """One cached environment of ``lines`` on ``base_python``: from ``requirements`` (a file
+    in the code folder, where the build runs), or from a file written into the folder being
+    built. ``isolated``: ask ``base_python`` for its folders without running its site
+    hooks (a layer a build made is not run outside the job's confinement)."""
+    base = _base_info(base_python, isolated=isolated)
+    digest = hashlib.sha256(lines + b"\0" + json.dumps(base, sort_keys=True).encode()).hexdigest()
     envs.mkdir(parents=True, exist_ok=True)
     final = envs / digest
     python = final / "bin" / "python"
     with _locked(envs / f"{digest}.lock"):
         if python.exists():
-            log(f"requirements.txt: reusing the environment {final}")
+            log(f"{what}: reusing the environment {final}")
             return str(python)
         for stale in envs.glob(f"{digest}.tmp-*"):  # left by a builder that crashed
             shutil.rmtree(stale, ignore_errors=True)
         building = envs / f"{digest}.tmp-{os.getpid()}"
         building.mkdir()
-        log(f"requirements.txt: building an environment on {base_python} in {final}")
+        log(f"{what}: building an environment on {base_python} in {final}")
+        if requirements is None:
+            # The build sees the folder it builds at its own path: the lines go there.
+            listed = building / "requirements-layer.txt"
+            listed.write_bytes(lines)
+            named, cwd = str(listed), building
+        else:
+            # By name: the build runs in the code folder, wherever the sandbox shows it.
+            named, cwd = requirements.name, requirements.parent
         # By path, with -I: the base interpreter need not have trainport installed.
         argv = [base_python, "-I", str(Path(__file__).with_name("envbuild.py"))]
-        # The requirements by name: the build runs in the code folder, wherever the
-        # sandbox shows it.
-        argv += [str(building), str(final), requirements.name, *base["site"]]
+        argv += [str(building), str(final), named, *base["site"]]
         try:
             if build is None:
-                _run_logged(argv, log, "building the environment", cwd=requirements.parent)
+                _run_logged(argv, log, "building the environment", cwd=cwd)
             else:
                 build(argv, building)
             os.rename(building, final)
@@ -379,10 +418,11 @@ def prepare_python(
     return str(python)
 
 
-def _base_info(base_python: str) -> dict[str, Any]:
+def _base_info(base_python: str, *, isolated: bool = False) -> dict[str, Any]:
+    flags = ["-I", "-S"] if isolated else []
     try:
         out = subprocess.run(
-            [base_python, "-c", _BASE_INFO], capture_output=True, text=True, check=True
+            [base_python, *flags, "-c", _BASE_INFO], capture_output=True, text=True, check=True
         ).stdout
         info: dict[str, Any] = json.loads(out)
     except (OSError, subprocess.CalledProcessError, ValueError) as exc:

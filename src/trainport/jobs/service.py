@@ -156,7 +156,9 @@ class JobService:
         return spec
 
     def _check_script(self, spec: JobSpec) -> None:
-        from trainport.host import script_mode
+        from trainport.host import framework_envs, script_mode
+
+        framework_envs.check_image(spec.training_image)
 
         raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
         uri = confined_uri(raw, "HyperParameters.sagemaker_submit_directory")
