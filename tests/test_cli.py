@@ -211,3 +211,22 @@ def test_demo_without_torch_says_what_to_install_before_submitting(
     # Refused at submission: no dataset stored, no job made.
     assert not (home / "store" / "trainport-demo").exists()
     assert not (home / "jobs").exists()
+
+
+def test_a_job_file_names_an_image_folder_relative_to_where_it_runs(
+    home: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "images" / "mine"
+    folder.mkdir(parents=True)
+    (folder / "train").write_text('#!/bin/sh\necho "ran $0 $1"\n')
+    (folder / "train").chmod(0o755)
+    body = request("relative-image")
+    body["AlgorithmSpecification"] = {"TrainingImage": "images/mine", "TrainingInputMode": "File"}
+    path = write_job(tmp_path, body)
+    done = subprocess.run(
+        [*TRAINPORT, "run", str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"ran {folder}/train train" in done.stdout
+    described = json.loads(tp("jobs", "describe", "relative-image").stdout)
+    assert described["AlgorithmSpecification"]["TrainingImage"] == str(folder)

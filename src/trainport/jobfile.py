@@ -145,7 +145,11 @@ def build_request(
         raise ValidationError("AlgorithmSpecification must be a mapping of its fields")
     algo.setdefault("TrainingInputMode", "File")
     if image:
-        algo["TrainingImage"] = str(Path(image).resolve()) if Path(image).is_dir() else image
+        algo["TrainingImage"] = image
+    if isinstance(algo.get("TrainingImage"), str) and Path(algo["TrainingImage"]).is_dir():
+        # A folder of the submitter's, named as they would name it: its full path is what
+        # the job runs (a relative name in a request is an image's).
+        algo["TrainingImage"] = str(Path(algo["TrainingImage"]).expanduser().resolve())
     hyper: dict[str, str] = (
         request.setdefault("HyperParameters", {}) if (hp_pairs or entry_point) else {}
     )

@@ -80,3 +80,31 @@ def test_a_host_path_is_refused_alike_whether_it_exists_or_not(
         assert "TRAINPORT_SERVER_ALLOW_HOST_PATHS" in said
     finally:
         srv.close()
+
+
+def test_a_relative_image_name_is_never_a_folder_of_the_servers(
+    server_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare TrainingImage is an image's name: a folder of that name where the server runs
+    changes nothing in the answer (and is never run)."""
+    there = tmp_path / "cwd" / "probe-image"
+    there.mkdir(parents=True)
+    (there / "train").write_text("#!/bin/sh\necho from the server's folder\n")
+    (there / "train").chmod(0o755)
+    monkeypatch.chdir(there.parent)
+
+    def body(name: str) -> dict[str, Any]:
+        out = job(f"image-{name}", "")
+        del out["AlgorithmSpecification"]["ContainerEntrypoint"]
+        out["AlgorithmSpecification"]["TrainingImage"] = name
+        out["HyperParameters"] = {}
+        return out
+
+    srv = start_server()
+    try:
+        sm = client(srv)
+        said = refusal(sm, body("probe-image"), "probe-image")
+        assert said == refusal(sm, body("missing-image"), "missing-image")
+        assert "AlgorithmSpecification.TrainingImage '<path>'" in said
+    finally:
+        srv.close()

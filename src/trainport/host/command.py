@@ -59,10 +59,16 @@ class Command:
 
 
 def image_dir(spec: JobSpec) -> Path | None:
-    """The TrainingImage as a local folder, if it is one."""
+    """The TrainingImage as a local folder, if it names one by its full path (or ``~``).
+
+    A relative name is an image's: taken as a folder, it would be looked up where this
+    process happens to run, and a server's answers would then depend on the files there.
+    The CLI gives a folder of the submitter's its full path when it builds the request."""
     if not spec.training_image:
         return None
     path = Path(spec.training_image).expanduser()
+    if not path.is_absolute():
+        return None
     return path.resolve() if path.is_dir() else None
 
 

@@ -611,7 +611,7 @@ def _refuse_host_paths(request: dict[str, Any]) -> None:
             if isinstance(item, str) and item.startswith("/"):
                 named.append((f"AlgorithmSpecification.{field_name}[{i}]", item))
     image = algo.get("TrainingImage")
-    if isinstance(image, str) and (image.startswith(("/", ".", "~")) or os.path.isdir(image)):
+    if isinstance(image, str) and image.startswith(("/", ".", "~")):
         named.append(("AlgorithmSpecification.TrainingImage", image))
     for field_name, path in named:
         full = os.path.normpath(os.path.expanduser(path))
