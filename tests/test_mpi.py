@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import put, require, wait_for, wait_until
+from tests.conftest import put, require, require_module, wait_for, wait_until
 from tests.test_script_mode_job import script_job
 from trainport.errors import ValidationError
 from trainport.host import mpi
@@ -530,7 +530,7 @@ def test_horovod_job_with_per_rank_pipe_channels(
     home: Path, service: JobService, runner: str
 ) -> None:
     runner_ok(runner)
-    pytest.importorskip("horovod.torch", reason="Horovod is built by scripts/build-horovod.sh")
+    require_module("horovod.torch", "Horovod is built by scripts/build-horovod.sh")
     channels = []
     for rank in range(4):
         put_tfrecords(home, f"hvd/{rank}", [str(v / 10) for v in range(rank, 40, 4)], per_object=5)
