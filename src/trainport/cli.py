@@ -28,6 +28,7 @@ from trainport.errors import (
     TrainportError,
     ValidationError,
 )
+from trainport.tuning.cli import tune_command, tuning_group
 
 __all__ = ["cli", "main"]
 
@@ -413,6 +414,8 @@ class _LazySelect(click.Command):
 
 
 cli.add_command(_LazySelect("select", help="Model selection with model hopper parallelism."))
+cli.add_command(tune_command)
+cli.add_command(tuning_group)
 
 
 @cli.command()

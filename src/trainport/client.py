@@ -142,6 +142,14 @@ class RemoteJobService:
             raise _translate(exc) from exc
         return result
 
+    def sagemaker(self, operation: str, **params: Any) -> dict[str, Any]:
+        """Any SageMaker operation of the server (boto3's snake_case name), its response
+        without metadata and with epoch-second times (the tuning commands use it)."""
+        doc = self._call(self._sm, operation, **params)
+        doc.pop("ResponseMetadata", None)
+        plain: dict[str, Any] = _plain(doc)
+        return plain
+
     def create(self, request: dict[str, Any], *, runner: str | None = None) -> str:
         if runner:
             raise ValidationError("--runner cannot be chosen for a job sent to a server")

@@ -10,10 +10,8 @@ applies it), :mod:`.service` (what the API and the CLI call).
 
 from __future__ import annotations
 
-from trainport.tuning.driver import TuningDriver
-from trainport.tuning.records import TuningRecord, TuningStatus
-from trainport.tuning.service import TuningService
-from trainport.tuning.spec import TuningSpec, parse_tuning_request
+import importlib
+from typing import Any
 
 __all__ = [
     "TuningDriver",
@@ -23,3 +21,20 @@ __all__ = [
     "TuningStatus",
     "parse_tuning_request",
 ]
+
+# Imported when first used: ``trainport --help`` and every other command load this
+# package's CLI, and should not pay for the jobs service it stands on.
+_WHERE = {
+    "TuningDriver": "driver",
+    "TuningRecord": "records",
+    "TuningService": "service",
+    "TuningSpec": "spec",
+    "TuningStatus": "records",
+    "parse_tuning_request": "spec",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
