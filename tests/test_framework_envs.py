@@ -4,6 +4,7 @@ cached, and refused at submission when their version cannot be had."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,21 @@ def test_a_framework_version_the_index_lacks_is_refused_at_submission(
     ):
         service.create(body)
     assert not (home / "jobs" / "sklearn-none").exists()
+
+
+def test_a_built_environment_is_not_asked_of_the_index_again(tmp_path: Path) -> None:
+    from trainport.host import script_mode
+
+    missing = SKLEARN_IMAGE.replace("1.2-1", "0.99-1")
+    layer = framework_envs.layer_for(missing)
+    assert layer is not None
+    assert not script_mode.layer_built(layer.requirements, tmp_path)
+    # As a finished build leaves it (the name is the lines' and the interpreter's digest).
+    digest = script_mode._digest(
+        script_mode.framework_lines(layer.requirements),
+        script_mode._base_info(sys.executable),
+    )
+    (tmp_path / digest / "bin").mkdir(parents=True)
+    (tmp_path / digest / "bin" / "python").symlink_to(sys.executable)
+    assert script_mode.layer_built(layer.requirements, tmp_path)
+    framework_envs.check_image(missing, tmp_path)  # not refused: nothing to fetch

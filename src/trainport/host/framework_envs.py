@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainport.errors import ValidationError
 from trainport.host.frameworks import Framework, FrameworkImage
@@ -209,10 +210,13 @@ def image_notes(training_image: str | None) -> list[str]:
     return [note for note in notes if note]
 
 
-def check_image(training_image: str | None) -> None:
-    """At submission: refuse a framework image whose version the index cannot give."""
+def check_image(training_image: str | None, envs_dir: Path) -> None:
+    """At submission: refuse a framework image whose version the index cannot give (the
+    index is not asked when its environment is built already)."""
+    from trainport.host.script_mode import layer_built
+
     env = layer_for(training_image)
-    if env is not None:
+    if env is not None and not layer_built(env.requirements, envs_dir):
         check_available(env, available_versions(env.package))
 
 

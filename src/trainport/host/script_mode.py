@@ -349,8 +349,9 @@ def prepare_python(
     """
     python = base_python
     if framework:
-        lines = "".join(f"{line}\n" for line in framework).encode()
-        python = _layer(lines, None, Path(envs_dir), python, log, build, "framework image")
+        python = _layer(
+            framework_lines(framework), None, Path(envs_dir), python, log, build, "framework image"
+        )
     requirements = Path(code_dir) / "requirements.txt"
     if requirements.is_file():
         layered = python != base_python
@@ -365,6 +366,23 @@ def prepare_python(
             isolated=layered,
         )
     return python
+
+
+def framework_lines(framework: Sequence[str]) -> bytes:
+    return "".join(f"{line}\n" for line in framework).encode()
+
+
+def layer_built(
+    framework: Sequence[str], envs_dir: Path, base_python: str = sys.executable
+) -> bool:
+    """Whether the environment of ``framework`` lines on ``base_python`` is in the cache."""
+    base = _base_info(base_python)
+    digest = _digest(framework_lines(framework), base)
+    return (Path(envs_dir) / digest / "bin" / "python").exists()
+
+
+def _digest(lines: bytes, base: dict[str, Any]) -> str:
+    return hashlib.sha256(lines + b"\0" + json.dumps(base, sort_keys=True).encode()).hexdigest()
 
 
 def _layer(
@@ -383,7 +401,7 @@ def _layer(
     built. ``isolated``: ask ``base_python`` for its folders without running its site
     hooks (a layer a build made is not run outside the job's confinement)."""
     base = _base_info(base_python, isolated=isolated)
-    digest = hashlib.sha256(lines + b"\0" + json.dumps(base, sort_keys=True).encode()).hexdigest()
+    digest = _digest(lines, base)
     envs.mkdir(parents=True, exist_ok=True)
     final = envs / digest
     python = final / "bin" / "python"

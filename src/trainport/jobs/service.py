@@ -158,7 +158,7 @@ class JobService:
     def _check_script(self, spec: JobSpec) -> None:
         from trainport.host import framework_envs, script_mode
 
-        framework_envs.check_image(spec.training_image)
+        framework_envs.check_image(spec.training_image, self.settings.envs_dir)
 
         raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
         uri = confined_uri(raw, "HyperParameters.sagemaker_submit_directory")
