@@ -310,6 +310,12 @@ def run_store(jobs: int, levels: list[int], seconds: float) -> dict[tuple[str, i
     return results
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user and system) the process ``pid`` has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def worktree(ref: str, where: Path) -> Path:
     """This repository at ``ref``, checked out (detached) at ``where``."""
     repo = Path(__file__).resolve().parent.parent
@@ -333,7 +339,9 @@ def compare(ref: str, jobs: int, levels: list[int], seconds: float) -> None:
 
     Both serve copies of one store at once; each cell is measured old, new, new, old and
     each server's two rates averaged, so a machine that grows busier or quieter during the
-    run weighs on both alike."""
+    run weighs on both alike. Each server's CPU time per request is printed too: on a
+    machine other work keeps busy, the rates also measure how much of the CPU each server's
+    threads win from that work, and the CPU time is what a request costs."""
     with tempfile.TemporaryDirectory(prefix="trainport-bench-") as tmp:
         homes = {"new": Path(tmp) / "new", "old": Path(tmp) / "old"}
         base = {**os.environ, "TRAINPORT_SERVER_KEYS": f"{KEY_ID}:{SECRET}"}
@@ -363,26 +371,35 @@ def compare(ref: str, jobs: int, levels: list[int], seconds: float) -> None:
             )
             print(
                 f"{'operation':42} {'clients':>7} {'new req/s':>10} {'old req/s':>10} "
-                f"{'new/old':>8} {'new p50':>8} {'old p50':>8} {'new p99':>8} {'old p99':>8}"
+                f"{'new/old':>8} {'new p50':>8} {'old p50':>8} {'new p99':>8} {'old p99':>8} "
+                f"{'new CPU us':>10} {'old CPU us':>10} {'new/old':>8}"
             )
             for label in ops["new"]:
                 if label.startswith("List "):
                     continue
                 for clients in levels:
                     cells: dict[str, list[Cell]] = {"new": [], "old": []}
+                    used = {"new": 0.0, "old": 0.0}
+                    served = {"new": 0.0, "old": 0.0}
                     for which in ("old", "new", "new", "old"):
-                        port = servers[which][1]
-                        cells[which].append(measure(port, ops[which][label], clients, seconds))
+                        server, port = servers[which]
+                        before = cpu_seconds(server.pid)
+                        cell = measure(port, ops[which][label], clients, seconds)
+                        used[which] += cpu_seconds(server.pid) - before
+                        served[which] += cell[0] * seconds
+                        cells[which].append(cell)
                     rate = {w: statistics.mean(c[0] for c in cells[w]) for w in cells}
                     p50 = {w: statistics.mean(c[1] for c in cells[w]) for w in cells}
                     p99 = {w: statistics.mean(c[2] for c in cells[w]) for w in cells}
+                    cpu = {w: 1e6 * used[w] / served[w] if served[w] else 0.0 for w in cells}
                     errors = sum(c[3] for w in cells for c in cells[w])
                     note = f"  ({errors} errors)" if errors else ""
                     print(
                         f"{label:42} {clients:7d} {rate['new']:10.0f} {rate['old']:10.0f} "
                         f"{rate['new'] / rate['old'] if rate['old'] else 0.0:7.2f}x "
                         f"{p50['new']:8.2f} {p50['old']:8.2f} {p99['new']:8.2f} "
-                        f"{p99['old']:8.2f}{note}",
+                        f"{p99['old']:8.2f} {cpu['new']:10.0f} {cpu['old']:10.0f} "
+                        f"{cpu['new'] / cpu['old'] if cpu['old'] else 0.0:7.2f}x{note}",
                         flush=True,
                     )
         finally:
