@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, python_job, require, wait_for, wait_until
+from tests.conftest import free_port, python_job, require, require_module, wait_for, wait_until
 from trainport.jobs.service import JobService
 from trainport.runners.netns import (
     NetworkMode,
@@ -342,7 +342,7 @@ def test_an_isolated_jobs_hosts_reach_each_other_and_nothing_else(
 def test_three_torchrun_jobs_at_once_each_have_their_algo_1_7777(
     home: Path, service: JobService, own_networks: None
 ) -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     from tests.test_multihost import torch_job
 
     names = ("ddp-one", "ddp-two", "ddp-three")

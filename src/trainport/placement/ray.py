@@ -50,6 +50,7 @@ from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.command import runs_in_docker
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged, append_log_lines
 from trainport.host.layout import HostLayout
+from trainport.host.tarball import extract_within
 from trainport.jobs.status import Finished, Phase, Progress
 from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
@@ -886,7 +887,7 @@ def _unpack(packed: Path, layout: HostLayout) -> None:
             if target is None or not rest:
                 continue
             member.name = rest
-            tar.extract(member, target, filter="data")
+            extract_within(tar, [member], target)
 
 
 def _sandbox_problem() -> str | None:

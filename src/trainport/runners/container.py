@@ -6,7 +6,7 @@ and handing the files back happen at the edge, in ``ContainerRunner`` and
 ``ContainerProcess``.
 
 What is mounted: SageMaker's subfolders of ``/opt/ml`` (input, model, output, checkpoints),
-not the whole tree. Seed 000 reserves ``/opt/ml`` but images commonly keep their code in
+not the whole tree. SageMaker reserves ``/opt/ml`` but images commonly keep their code in
 ``/opt/ml/code`` (SAGEMAKER_PROGRAM names a file there); mounting the whole tree would hide
 it, mounting the subfolders keeps it while the job still sees every path of the contract.
 A script-mode job is the exception: its code comes with the request, unpacked by the
