@@ -327,3 +327,63 @@ def test_a_byo_image_is_tuned(
             }
     finally:
         srv.close()
+
+
+def test_auto_early_stopping_stops_a_child_worse_than_the_median(sm: Any) -> None:
+    ranges = {
+        "CategoricalParameterRanges": [
+            {"Name": "kind", "Values": ["a"]},
+            {"Name": "shift", "Values": ["3", "2.5", "3.5", "0"]},
+        ]
+    }
+    request = tuning_request(
+        "median",
+        "Grid",
+        max_jobs=None,
+        parallel=1,
+        ranges=ranges,
+        static={"epochs": "6", "pause": "0.3"},
+        TrainingJobEarlyStoppingType="Auto",
+    )
+    sm.create_hyper_parameter_tuning_job(**request)
+    d = wait_tuning(sm, "median")
+    assert d["HyperParameterTuningJobStatus"] == "Completed", d
+    status = {
+        k["TunedHyperParameters"]["shift"]: k["TrainingJobStatus"] for k in children(sm, "median")
+    }
+    # The first three are judged against fewer than three children before them; the fourth
+    # (loss 9 and more) is far worse than their median, and is stopped.
+    assert status == {"3": "Completed", "2.5": "Completed", "3.5": "Completed", "0": "Stopped"}
+    assert d["TrainingJobStatusCounters"]["Stopped"] == 1
+    assert d["BestTrainingJob"]["TunedHyperParameters"]["shift"] == "3"
+
+
+def test_a_warm_start_reads_its_parents(sm: Any) -> None:
+    ranges = {
+        "CategoricalParameterRanges": [
+            {"Name": "kind", "Values": ["a"]},
+            {"Name": "shift", "Values": ["3", "0", "6"]},
+        ]
+    }
+    parent = tuning_request("parent", "Grid", max_jobs=None, parallel=3, ranges=ranges)
+    sm.create_hyper_parameter_tuning_job(**parent)
+    with pytest.raises(ClientError) as early:
+        child = tuning_request("warm", "Bayesian", max_jobs=2, parallel=2, RandomSeed=1)
+        child["WarmStartConfig"] = {
+            "ParentHyperParameterTuningJobs": [{"HyperParameterTuningJobName": "parent"}],
+            "WarmStartType": "IdenticalDataAndAlgorithm",
+        }
+        sm.create_hyper_parameter_tuning_job(**child)
+    assert "a parent must have ended" in early.value.response["Error"]["Message"]
+    parent_best = wait_tuning(sm, "parent")["BestTrainingJob"]
+    sm.create_hyper_parameter_tuning_job(**child)
+    d = wait_tuning(sm, "warm")
+    assert d["HyperParameterTuningJobStatus"] == "Completed", d
+    assert d["WarmStartConfig"]["ParentHyperParameterTuningJobs"] == [
+        {"HyperParameterTuningJobName": "parent"}
+    ]
+    # The overall best is the parent's (loss 1/3 at shift 3) unless a child matched it.
+    overall = d["OverallBestTrainingJob"]
+    value = overall["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
+    assert value == parent_best["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
+    assert value <= d["BestTrainingJob"]["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
