@@ -117,9 +117,13 @@ class TuningDriver:
         return self.service.store.update(name, claim).driver == self.me
 
     def drive(self, name: str) -> None:
-        if not self._claim(name):
-            return
         record = self.service.get(name)
+        # A plain read most steps; the write that claims it only when another process (or
+        # nobody) holds it: every write waits for the supervisors' writes to the database.
+        if record.driver != self.me:
+            if not self._claim(name):
+                return
+            record = self.service.get(name)
         spec = self.service.spec(record)
         record = self._create_planned(record, spec)
         views = self.service.views(record)
