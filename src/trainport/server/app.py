@@ -217,7 +217,7 @@ def build_server(config: ServerConfig, settings: Settings | None = None) -> Trai
         )
         verifier, token = None, None
     protocol = JsonProtocol(operations, verifier, max_body=config.max_body)
-    dashboard = DashboardApi(service, sagemaker, logs, token)
+    dashboard = DashboardApi(service, sagemaker, logs, token, tuning)
     server = TrainportServer(config, service, scheduler, protocol, dashboard)
     server.created_key = created
     # Before serving: end what died while no server ran, start what was queued.

@@ -24,6 +24,7 @@ from trainport.server.logs_api import LogsApi
 from trainport.server.protocol import ApiError
 from trainport.server.sagemaker_api import SageMakerApi
 from trainport.server.sigv4 import AccessKey
+from trainport.server.tuning_api import TuningApi
 from trainport.store.api import S3Uri
 
 __all__ = ["COOKIE", "DashboardApi", "Download", "dashboard_token"]
@@ -44,12 +45,18 @@ class Download:
 
 class DashboardApi:
     def __init__(
-        self, service: JobService, sagemaker: SageMakerApi, logs: LogsApi, token: str | None
+        self,
+        service: JobService,
+        sagemaker: SageMakerApi,
+        logs: LogsApi,
+        token: str | None,
+        tuning: TuningApi | None = None,
     ) -> None:
         self.service = service
         self.sagemaker = sagemaker
         self.logs = logs
         self.token = token  # None: --no-auth
+        self.tuning = tuning
 
     # -- sign-in ---------------------------------------------------------------------------
 
@@ -90,6 +97,10 @@ class DashboardApi:
                 return self._logs(name, args)
             if parts[2:] == ["model"]:
                 return self._model(name)
+        if self.tuning is not None and parts == ["tuning"]:
+            return self._tuning_jobs(self.tuning)
+        if self.tuning is not None and len(parts) == 2 and parts[0] == "tuning":
+            return self._tuning_job(self.tuning, parts[1])
         raise ApiError("ResourceNotFoundException", f"no dashboard endpoint /api/{path}", 404)
 
     def _jobs(self, args: dict[str, str]) -> dict[str, Any]:
@@ -136,6 +147,44 @@ class DashboardApi:
         out = self.logs.get_log_events(params)
         out["stream"] = stream
         return out
+
+    def _tuning_jobs(self, tuning: TuningApi) -> dict[str, Any]:
+        listed = tuning.list_tuning_jobs(
+            {"MaxResults": 100, "SortBy": "CreationTime", "SortOrder": "Descending"}
+        )
+        return {"tuningJobs": listed["HyperParameterTuningJobSummaries"]}
+
+    def _tuning_job(self, tuning: TuningApi, name: str) -> dict[str, Any]:
+        """A tuning job, its children, and its best objective as each child ended."""
+        described = tuning.describe({"HyperParameterTuningJobName": name})
+        children: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"HyperParameterTuningJobName": name, "MaxResults": 100}
+        while True:
+            page = tuning.list_children(params)
+            children += page["TrainingJobSummaries"]
+            if not page.get("NextToken"):
+                break
+            params["NextToken"] = page["NextToken"]
+        objective = described["HyperParameterTuningJobConfig"].get(
+            "HyperParameterTuningJobObjective", {}
+        )
+        minimize = objective.get("Type", "Minimize") == "Minimize"
+        ended = sorted(
+            (c["TrainingEndTime"], c["FinalHyperParameterTuningJobObjectiveMetric"]["Value"])
+            for c in children
+            if c.get("TrainingEndTime") and c.get("FinalHyperParameterTuningJobObjectiveMetric")
+        )
+        best: list[list[float]] = []
+        for when, value in ended:
+            if best and (value >= best[-1][1] if minimize else value <= best[-1][1]):
+                value = best[-1][1]
+            best.append([when, value])
+        return {
+            "tuningJob": described,
+            "children": children,
+            "objective": [[t, v] for t, v in ended],
+            "bestSoFar": best,
+        }
 
     def _model(self, name: str) -> Download:
         uri = self.service.describe(name)["ModelArtifacts"]["S3ModelArtifacts"]

@@ -53,8 +53,69 @@ async function renderList() {
   const table = el("table", { id: "jobs" },
     el("thead", {}, el("tr", {}, ...["Name", "Status", "Secondary status", "Created", "Duration"].map((h) => el("th", {}, h)))),
     el("tbody", {}, ...rows));
+  const tuning = await api("tuning");
+  const tuningRows = tuning.tuningJobs.map((t) => {
+    const c = t.TrainingJobStatusCounters;
+    return el("tr", { "data-tuning-job": t.HyperParameterTuningJobName },
+      el("td", {}, el("a", { href: "#/tuning/" + encodeURIComponent(t.HyperParameterTuningJobName) }, t.HyperParameterTuningJobName)),
+      el("td", { class: "status " + t.HyperParameterTuningJobStatus }, t.HyperParameterTuningJobStatus),
+      el("td", {}, t.Strategy),
+      el("td", {}, `${c.Completed} completed, ${c.InProgress} running, ${c.Stopped} stopped, ${c.NonRetryableError} failed`),
+      el("td", {}, fmtTime(t.CreationTime)));
+  });
+  const tuningTable = el("table", { id: "tuning-jobs" },
+    el("thead", {}, el("tr", {}, ...["Name", "Status", "Strategy", "Children", "Created"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...tuningRows));
   view.replaceChildren(el("h1", {}, "Training jobs"),
-    rows.length ? table : el("p", { class: "muted" }, "No training jobs yet."));
+    rows.length ? table : el("p", { class: "muted" }, "No training jobs yet."),
+    ...(tuningRows.length ? [el("h1", {}, "Tuning jobs"), tuningTable] : []));
+  stamp();
+}
+
+// -- one tuning job -------------------------------------------------------------------------
+
+async function renderTuning(name) {
+  const data = await api("tuning/" + encodeURIComponent(name));
+  const t = data.tuningJob;
+  const objective = (t.HyperParameterTuningJobConfig || {}).HyperParameterTuningJobObjective || {};
+  const best = t.BestTrainingJob;
+  const names = [...new Set(data.children.flatMap((c) => Object.keys(c.TunedHyperParameters)))].sort();
+  const jobLink = (n) => el("a", { href: "#/jobs/" + encodeURIComponent(n) }, n);
+  const rows = data.children.map((c) => {
+    const metric = c.FinalHyperParameterTuningJobObjectiveMetric;
+    const isBest = best && best.TrainingJobName === c.TrainingJobName;
+    return el("tr", { "data-child": c.TrainingJobName, class: isBest ? "best" : "" },
+      el("td", {}, jobLink(c.TrainingJobName), isBest ? " ★" : ""),
+      el("td", { class: "status " + c.TrainingJobStatus }, c.TrainingJobStatus),
+      ...names.map((n) => el("td", {}, el("code", {}, c.TunedHyperParameters[n] ?? ""))),
+      el("td", { class: "objective" }, metric ? String(metric.Value) : "-"));
+  });
+  const children = el("table", { id: "children" },
+    el("thead", {}, el("tr", {}, ...["Training job", "Status", ...names, objective.MetricName || "Objective"].map((h) => el("th", {}, h)))),
+    el("tbody", {}, ...rows));
+  const counters = t.TrainingJobStatusCounters;
+  const summary = {
+    Status: t.HyperParameterTuningJobStatus,
+    Strategy: (t.HyperParameterTuningJobConfig || {}).Strategy,
+    Objective: `${objective.Type} ${objective.MetricName}`,
+    Children: `${counters.Completed} completed, ${counters.InProgress} running, ${counters.Stopped} stopped, ${counters.NonRetryableError} failed`,
+    Created: fmtTime(t.CreationTime),
+    Ended: fmtTime(t.HyperParameterTuningEndTime),
+  };
+  if (best) summary["Best"] = `${best.TrainingJobName}: ${best.FinalHyperParameterTuningJobObjectiveMetric.Value} with ${JSON.stringify(best.TunedHyperParameters)}`;
+  if (t.FailureReason) summary["Failure reason"] = t.FailureReason;
+  view.replaceChildren(
+    el("p", {}, el("a", { href: "#/" }, "← all jobs")),
+    el("h1", {}, t.HyperParameterTuningJobName, " ", el("span", { class: "status " + t.HyperParameterTuningJobStatus, id: "tuning-status" }, t.HyperParameterTuningJobStatus)),
+    kvTable(summary),
+    el("h2", {}, "Objective over time"),
+    data.objective.length
+      ? el("div", { class: "charts", id: "objective-charts" },
+        chart(`${objective.MetricName} of each child`, data.objective),
+        chart(`best ${objective.MetricName} so far`, data.bestSoFar))
+      : el("p", { class: "muted" }, "No child has ended with an objective yet."),
+    el("h2", {}, "Children"),
+    rows.length ? children : el("p", { class: "muted" }, "No children yet."));
   stamp();
 }
 
@@ -158,8 +219,11 @@ async function renderJob(name) {
 
 async function render() {
   const m = location.hash.match(/^#\/jobs\/(.+)$/);
+  const tuning = location.hash.match(/^#\/tuning\/(.+)$/);
   try {
-    if (m) await renderJob(decodeURIComponent(m[1])); else { logState = null; await renderList(); }
+    if (m) await renderJob(decodeURIComponent(m[1]));
+    else if (tuning) { logState = null; await renderTuning(decodeURIComponent(tuning[1])); }
+    else { logState = null; await renderList(); }
   } catch (err) {
     showError(err);
   }
