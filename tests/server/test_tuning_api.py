@@ -387,3 +387,37 @@ def test_a_warm_start_reads_its_parents(sm: Any) -> None:
     value = overall["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
     assert value == parent_best["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
     assert value <= d["BestTrainingJob"]["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
+
+
+def test_several_definitions_take_turns(sm: Any) -> None:
+    request = tuning_request("multi", "Random", max_jobs=4, parallel=2, RandomSeed=3)
+    config = request["HyperParameterTuningJobConfig"]
+    objective = config.pop("HyperParameterTuningJobObjective")
+    ranges = config.pop("ParameterRanges")
+    body = request.pop("TrainingJobDefinition")
+    request["TrainingJobDefinitions"] = [
+        {
+            **body,
+            "DefinitionName": name,
+            "TuningObjective": objective,
+            "HyperParameterRanges": ranges,
+        }
+        for name in ("first", "second")
+    ]
+    request["TrainingJobDefinitions"][1]["StaticHyperParameters"] = {
+        **body["StaticHyperParameters"],
+        "epochs": "2",
+    }
+    sm.create_hyper_parameter_tuning_job(**request)
+    d = wait_tuning(sm, "multi")
+    assert d["HyperParameterTuningJobStatus"] == "Completed", d
+    assert [x["DefinitionName"] for x in d["TrainingJobDefinitions"]] == ["first", "second"]
+    kids = sorted(children(sm, "multi"), key=lambda k: k["TrainingJobName"])
+    assert [k["TrainingJobDefinitionName"] for k in kids] == ["first", "second"] * 2
+    for kid in kids:
+        job = sm.describe_training_job(TrainingJobName=kid["TrainingJobName"])
+        epochs = job["HyperParameters"].get("epochs")
+        assert epochs == ("2" if kid["TrainingJobDefinitionName"] == "second" else None)
+    completed = children(sm, "multi", StatusEquals="Completed")
+    assert len(completed) == 4
+    assert children(sm, "multi", StatusEquals="Failed") == []
