@@ -61,12 +61,12 @@ class Plan:
 
 def best_child(views: Sequence[ChildView], objective: Objective) -> ChildView | None:
     """The child with the best final objective; the earlier one on a tie."""
-    best: ChildView | None = None
+    best: tuple[float, ChildView] | None = None
     for v in views:
         value = v.objective
-        if value is not None and (best is None or objective.better(value, best.objective or 0)):
-            best = v
-    return best
+        if value is not None and (best is None or objective.better(value, best[0])):
+            best = (value, v)
+    return best[1] if best is not None else None
 
 
 def not_improving(views: Sequence[ChildView], objective: Objective) -> int:

@@ -14,6 +14,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from trainport.errors import NotFoundError, ResourceInUseError, ValidationError
@@ -23,6 +24,7 @@ from trainport.jobs.status import Status
 from trainport.tuning.plan import PLANNED, ChildView, best_child, not_improving
 from trainport.tuning.records import Child, ChildEnd, ChildState, TuningRecord, TuningStatus
 from trainport.tuning.spec import (
+    Definition,
     TuningSpec,
     child_request,
     parse_tuning_request,
@@ -58,7 +60,7 @@ class TuningService:
             self._specs[key] = parse_tuning_request(record.request, self._cache_dir())
         return self._specs[key]
 
-    def _cache_dir(self) -> Any:
+    def _cache_dir(self) -> Path:
         return self.jobs.settings.home / "cache"
 
     # -- create ---------------------------------------------------------------------------
@@ -160,7 +162,7 @@ class TuningService:
         )
 
     @staticmethod
-    def _definition(spec: TuningSpec, child: Child) -> Any:
+    def _definition(spec: TuningSpec, child: Child) -> Definition:
         return next(
             (d for d in spec.definitions if d.name == child.definition), spec.definitions[0]
         )

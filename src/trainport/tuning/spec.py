@@ -267,6 +267,11 @@ def parse_tuning_request(request: dict[str, Any], cache_dir: Path | None = None)
         )
         for i, b in enumerate(bodies)
     )
+    if len({d.objective for d in definitions}) > 1:
+        raise _refuse(
+            "TrainingJobDefinitions: every definition's TuningObjective must be the same "
+            "metric and type, so that their children's objectives compare"
+        )
     strategy = config["Strategy"]
     limits = config["ResourceLimits"]
     max_jobs = limits.get("MaxNumberOfTrainingJobs")
