@@ -123,6 +123,8 @@ class TrainportServer:
                 backlog=_BACKLOG,
                 timeout_keep_alive=limits.idle_timeout,  # type: ignore[arg-type]
                 timeout_graceful_shutdown=5,
+                # Clients are who they connect as: nothing here reads X-Forwarded-For.
+                proxy_headers=False,
             )
         )
         self._socket = _listen(config.host, config.port)

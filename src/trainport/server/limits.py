@@ -18,6 +18,11 @@ that follows the request's life through the parser's callbacks:
 
 Past its deadline the connection is closed. A request head over ``max_head_bytes`` is
 refused (400) like any malformed request.
+
+uvicorn writes a response's head and its body separately. The protocol hands it a
+transport that sends what was written in one turn of the event loop as one write: one
+system call and one packet for a small response, so a client wakes once to read it, not
+once for the head and again for the body.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -47,6 +52,34 @@ class ConnectionLimits:
     def __post_init__(self) -> None:
         if self.idle_timeout <= 0 or self.request_timeout <= 0:
             raise ValueError("connection timeouts must be positive")
+
+
+class _CoalescingTransport:
+    """A transport whose writes in one turn of the event loop go out together."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(data)
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():  # else the client is gone: nobody to read
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class HeadTooLarge(Exception):
@@ -90,7 +123,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     # -- the connection's and the request's life --------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[arg-type]
+        coalescing = _CoalescingTransport(cast(asyncio.Transport, transport), self.loop)
+        super().connection_made(cast(asyncio.Transport, coalescing))
         self._await_next_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
