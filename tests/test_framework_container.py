@@ -84,7 +84,10 @@ def test_pytorch_variables_as_its_toolkit_sets_them() -> None:
     }
     assert frameworks.container_variables(Framework.SKLEARN, contract) == {}
     assert frameworks.framework_of(None) is Framework.PYTORCH
-    assert frameworks.framework_of("my-registry/custom:1") is None
+    assert frameworks.framework_of("pytorch") is Framework.PYTORCH  # a short name
+    assert (
+        frameworks.framework_of(SKLEARN_ECR + "/sagemaker-scikit-learn:1.2-1") is Framework.SKLEARN
+    )
 
 
 def test_the_interface_hyperparameter_wins_where_the_host_has_it() -> None:

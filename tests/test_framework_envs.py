@@ -14,7 +14,7 @@ from tests.test_script_mode_job import script_job
 from trainport.errors import ValidationError
 from trainport.host import framework_envs
 from trainport.host.framework_envs import check_available, environment_for, python_note
-from trainport.host.frameworks import parse_image_uri
+from trainport.host.frameworks import FrameworkImage, parse_image_uri
 from trainport.jobs.service import JobService
 
 SKLEARN_IMAGE = "683313688378.dkr.ecr.us-east-1.amazonaws.com/sagemaker-scikit-learn:1.2-1-cpu-py3"
@@ -22,7 +22,7 @@ TF_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/tensorflow-training:2.1
 TORCH_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training:2.3.0-cpu-py311"
 
 
-def image(uri: str):  # type: ignore[no-untyped-def]
+def image(uri: str) -> FrameworkImage:
     parsed = parse_image_uri(uri)
     assert parsed is not None
     return parsed

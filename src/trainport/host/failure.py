@@ -72,5 +72,5 @@ def script_failure(code: int, command: Sequence[str], lines: Sequence[str]) -> s
 def output_failure(code: int, lines: Sequence[str]) -> str:
     """The reason of a command of the user's own that left no failure file: its last lines
     of output, or SageMaker's empty reason where it printed nothing."""
-    tail = [line for line in _job_lines(lines) if line.strip()][-TAIL_LINES:]
-    return f"AlgorithmError: {chr(10).join(tail)}, exit code: {code}"
+    tail = "\n".join([line for line in _job_lines(lines) if line.strip()][-TAIL_LINES:])
+    return f"AlgorithmError: {tail}, exit code: {code}"

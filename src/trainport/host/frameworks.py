@@ -9,8 +9,8 @@ toolkit puts into the environment on top of the sagemaker-training contract
 the job network's (:func:`choose_interface`); a ``sagemaker_network_interface_name``
 hyperparameter picks another where the host's network has it.
 
-A job that names no framework image plays the PyTorch container: the interpreter trainport
-runs with is a PyTorch environment.
+A script-mode job whose image names no framework (none, or a short name) plays the PyTorch
+container: the interpreter trainport runs with is a PyTorch environment.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import socket
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from trainport.host.jobenv import SYSTEM_PATH
 
 __all__ = [
     "INTERFACE_HYPERPARAMETER",
@@ -107,13 +109,11 @@ def parse_image_uri(uri: str | None) -> FrameworkImage | None:
     return FrameworkImage(uri, framework, version, python, processor)
 
 
-def framework_of(training_image: str | None) -> Framework | None:
-    """The framework container a script-mode job plays: the image's, PyTorch's when the
-    job names no image, None for an image that is no framework's."""
-    if not training_image:
-        return Framework.PYTORCH
+def framework_of(training_image: str | None) -> Framework:
+    """The framework container a script-mode job plays: the image's, else PyTorch's (for a
+    job that names no image or a short name, the interpreter trainport runs with plays)."""
     image = parse_image_uri(training_image)
-    return image.framework if image else None
+    return image.framework if image else Framework.PYTORCH
 
 
 def container_variables(
@@ -204,7 +204,7 @@ def network_interfaces(netns: str | None) -> frozenset[str] | None:
             return frozenset(name for _, name in socket.if_nameindex())
         except OSError:
             return None
-    ip = shutil.which("ip", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    ip = shutil.which("ip", path=SYSTEM_PATH)
     if ip is None:
         return None
     try:
