@@ -39,9 +39,22 @@ __all__ = ["ServerConfig", "TrainportServer", "build_server"]
 
 log = logging.getLogger(__name__)
 
-# Reads of one record, answered on the event loop (see asgi.py): a SQLite read through a
-# held connection takes microseconds, a trip through the thread pool far longer.
-_QUICK = frozenset({"Trainport.Ping", "SageMaker.DescribeTrainingJob"})
+# Reads of the job database and of single log files, answered on the event loop (see
+# asgi.py). Their work holds the GIL nearly throughout (SQLite pages and log lines in the
+# page cache, JSON), so on a thread they would not free the loop meanwhile, and the trip
+# there and back costs two thread switches. The rest may wait (on the store, a write lock,
+# a job's processes, many files) and go to the pool.
+_READS_ON_LOOP = frozenset(
+    {
+        "Trainport.Ping",
+        "SageMaker.DescribeTrainingJob",
+        "SageMaker.ListTrainingJobs",
+        "SageMaker.ListTags",
+        "Logs_20140328.DescribeLogGroups",
+        "Logs_20140328.DescribeLogStreams",
+        "Logs_20140328.GetLogEvents",
+    }
+)
 
 # Connections the kernel queues before the server accepts them: a burst of hundreds of
 # clients connecting at once must not be refused (the kernel caps it at somaxconn).
@@ -109,7 +122,7 @@ class TrainportServer:
             UnservedServices(protocol.verifier),
             workers=config.workers,
             worker_setup=self._hold_db,
-            quick=_QUICK,
+            quick=_READS_ON_LOOP,
         )
         limits = ConnectionLimits(config.idle_timeout, config.request_timeout)
         self._uvicorn = uvicorn.Server(

@@ -5,10 +5,11 @@ a service trainport does not serve gets that service's error (:mod:`.unserved`),
 its method; ``POST`` is the JSON API (:mod:`.protocol`); ``GET`` is the dashboard; other
 methods are refused.
 
-Operations block (SQLite, log files, the object store), so they run on a pool of threads,
-each holding its own database connection for its life. The exceptions are the ``quick``
-operations, reads of one record that take less time than the two thread switches a trip
-through the pool costs: the event loop answers those itself.
+Operations that may wait (on the object store, a write lock, a job's processes) run on a
+pool of threads, each holding its own database connection for its life. The ``quick``
+ones, reads of the job database and of a log file, are answered by the event loop itself:
+their work holds the GIL nearly throughout, so a thread would not free the loop meanwhile,
+and the trip through the pool costs two thread switches.
 """
 
 from __future__ import annotations
