@@ -146,3 +146,20 @@ def test_a_built_environment_is_not_asked_of_the_index_again(tmp_path: Path) -> 
     (tmp_path / digest / "bin" / "python").symlink_to(sys.executable)
     assert script_mode.layer_built(layer.requirements, tmp_path)
     framework_envs.check_image(missing, tmp_path)  # not refused: nothing to fetch
+
+
+def test_a_layer_that_cannot_be_installed_names_the_image_not_requirements_txt(
+    tmp_path: Path,
+) -> None:
+    from trainport.host import script_mode
+
+    code = tmp_path / "code"
+    code.mkdir()
+    lines = ("--no-index", "trainport-no-such-package==1.0")
+    with pytest.raises(ValidationError) as caught:
+        script_mode.prepare_python(code, tmp_path / "envs", log=lambda line: None, framework=lines)
+    message = str(caught.value)
+    assert message.startswith("AlgorithmSpecification.TrainingImage: the packages its framework")
+    assert "trainport-no-such-package==1.0" in message
+    assert "fix requirements.txt" not in message
+    assert not [p for p in (tmp_path / "envs").iterdir() if not p.name.endswith(".lock")]

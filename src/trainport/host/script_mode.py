@@ -349,9 +349,25 @@ def prepare_python(
     """
     python = base_python
     if framework:
-        python = _layer(
-            framework_lines(framework), None, Path(envs_dir), python, log, build, "framework image"
-        )
+        try:
+            python = _layer(
+                framework_lines(framework),
+                None,
+                Path(envs_dir),
+                python,
+                log,
+                build,
+                "framework image",
+            )
+        except ValidationError as exc:
+            # The builder's advice is about requirements.txt; this layer is the image's.
+            said = str(exc).partition("Last lines of output:")[2].strip()
+            raise ValidationError(
+                "AlgorithmSpecification.TrainingImage: the packages its framework image "
+                f"stands for ({'; '.join(framework)}) could not be installed for Python "
+                f"{sys.version_info.major}.{sys.version_info.minor}; name another version of "
+                "the image. Last lines of output:\n" + (said or str(exc))
+            ) from exc
     requirements = Path(code_dir) / "requirements.txt"
     if requirements.is_file():
         layered = python != base_python
