@@ -270,27 +270,13 @@ class JobDB:
             return new
 
     def _select(self, columns: str, query: ListQuery) -> builtins.list[tuple[Any, ...]]:
-        """The rows of ``columns`` that answer ``query``, read as :mod:`.listing` says."""
         with self._connect() as conn:
-
-            def run(select: listing.Select) -> builtins.list[tuple[Any, ...]]:
-                return conn.execute(select.sql, select.args).fetchall()
-
-            if query.limit is None or not listing.unserved(query):
-                return run(listing.query_sql(columns, query))
-            rows = run(listing.window_sql(columns, query))
-            if len(rows) >= query.limit or run(listing.window_count_sql(query))[0][0] < (
-                listing.WINDOW
-            ):
-                return rows  # a full page, or every job there is was in the window
-            counts = {
-                driver: run(listing.driver_count_sql(query, driver))[0][0]
-                for driver in listing.drivers(query, names_indexed=self.names_indexed)
-            }
-            rarest = min(counts, key=lambda d: counts[d], default=None)
-            if rarest is not None and counts[rarest] < listing.WINDOW:
-                return run(listing.driven_sql(columns, query, rarest))
-            return run(listing.query_sql(columns, query))  # common matches, late in order
+            return listing.select_page(
+                lambda select: conn.execute(select.sql, select.args).fetchall(),
+                columns,
+                query,
+                names_indexed=self.names_indexed,
+            )
 
     def list(self, query: ListQuery) -> builtins.list[JobRecord]:
         return [JobRecord.from_json(json.loads(r[0])) for r in self._select("doc", query)]

@@ -14,17 +14,18 @@ order, reading on until a page is full would read most of the index, so:
 
 1. the first :data:`WINDOW` entries of the sort's index are read and filtered; if the page
    is full, or the index holds no more, that is the answer;
-2. otherwise the filter with the fewest matches (counted up to :data:`WINDOW`) finds them
-   through an index of its own (the names' trigram index, or a time's) and only they are
-   sorted;
+2. otherwise the filter with the fewest matches, if it has fewer than :data:`WINDOW`, finds
+   them through an index of its own (the names' trigram index, or a time's) and only they
+   are sorted;
 3. only when every such filter matches more jobs than that, and few of them come early in
    the sort's order, is the sort's index read on until the page is full.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainport.jobs.db import JobSummary
@@ -39,7 +40,9 @@ __all__ = [
     "driven_sql",
     "driver_count_sql",
     "drivers",
+    "name_matches_sql",
     "query_sql",
+    "select_page",
     "unserved",
     "window_count_sql",
     "window_sql",
@@ -47,7 +50,7 @@ __all__ = [
 
 #: Entries of the sort's index read before a filter's own index is asked (step 1), and
 #: the most matches of a filter counted (step 2).
-WINDOW = 2000
+WINDOW = 1000
 # The trigram index finds a substring of three characters or more.
 NAME_INDEX_MIN = 3
 
@@ -240,11 +243,14 @@ def _name_match(query: ListQuery) -> str:
     return '"' + (query.name_contains or "").replace('"', '""') + '"'
 
 
+def name_matches_sql(query: ListQuery) -> Select:
+    """The names the trigram index finds for ``query``'s substring, up to WINDOW of them."""
+    sql = "SELECT name FROM job_names WHERE job_names MATCH ? LIMIT ?"
+    return Select(sql, [_name_match(query), WINDOW])
+
+
 def driver_count_sql(query: ListQuery, driver: str) -> Select:
-    """How many jobs ``driver``'s filter alone matches, counted up to WINDOW."""
-    if driver == "name":
-        sql = "SELECT 1 FROM job_names WHERE job_names MATCH ? LIMIT ?"
-        return Select(f"SELECT count(*) FROM ({sql})", [_name_match(query), WINDOW])
+    """How many jobs a time ``driver``'s filter alone matches, counted up to WINDOW."""
     column = "creation_time" if driver == "creation" else "last_modified_time"
     low, high = (
         (query.creation_after, query.creation_before)
@@ -263,16 +269,46 @@ def driver_count_sql(query: ListQuery, driver: str) -> Select:
     return Select(f"SELECT count(*) FROM ({sql})", [*args, WINDOW])
 
 
-def driven_sql(columns: str, query: ListQuery, driver: str) -> Select:
-    """Step 2: the matches of ``driver``'s filter found through its index, then sorted."""
+def driven_sql(
+    columns: str, query: ListQuery, driver: str, names: list[str] | None = None
+) -> Select:
+    """Step 2: the matches of ``driver``'s filter found through its index, then sorted;
+    for "name", ``names`` are the names the trigram index found."""
     where, args = _conditions(query, ordered_only=False)
     if driver == "name":
-        # The trigram index keeps its own copy of the names, so the matches are looked up
-        # by name in an index that holds the other columns: the table is not read.
+        # Looked up by name in an index that holds the other columns: no table read.
         source = "jobs INDEXED BY jobs_list_name"
-        where.insert(0, "name IN (SELECT name FROM job_names WHERE job_names MATCH ?)")
-        args.insert(0, _name_match(query))
+        found = names or []
+        where.insert(0, f"name IN ({', '.join('?' * len(found)) or 'NULL'})")
+        args[:0] = found
     else:
         source = f"jobs INDEXED BY {_DRIVER_INDEXES[driver]}"
     chosen = f"SELECT rowid FROM {source}{_where(where)} ORDER BY {_order(query)} LIMIT ?"
     return _fetch(columns, query, Select(chosen, [*args, query.limit]))
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def select_page(
+    execute: Callable[[Select], Rows], columns: str, query: ListQuery, *, names_indexed: bool
+) -> Rows:
+    """The rows of ``columns`` that answer ``query``, read in the steps the module's
+    docstring tells; ``execute`` runs one SELECT."""
+    if query.limit is None or not unserved(query):
+        return execute(query_sql(columns, query))
+    rows = execute(window_sql(columns, query))
+    if len(rows) >= query.limit or execute(window_count_sql(query))[0][0] < WINDOW:
+        return rows  # a full page, or the window held every job there is
+    counts: dict[str, int] = {}
+    names: list[str] | None = None
+    for driver in drivers(query, names_indexed=names_indexed):
+        if driver == "name":
+            names = [row[0] for row in execute(name_matches_sql(query))]
+            counts[driver] = len(names)
+        else:
+            counts[driver] = execute(driver_count_sql(query, driver))[0][0]
+    rarest = min(counts, key=lambda d: counts[d], default=None)
+    if rarest is not None and counts[rarest] < WINDOW:
+        return execute(driven_sql(columns, query, rarest, names))
+    return execute(query_sql(columns, query))  # common matches, late in the sort's order
