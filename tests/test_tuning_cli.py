@@ -3,9 +3,9 @@ tuning job driven from the command (no server), or by a server given with --endp
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ from tests.conftest import wait_until
 from tests.server.tuning_support import put_source, tuning_request
 from tests.test_cli import TRAINPORT, tp
 from trainport.config import load_settings
+from trainport.errors import NotFoundError
 from trainport.jobs.db import JobDB
 
 pytestmark = pytest.mark.slow
@@ -48,11 +49,16 @@ def test_a_killed_tune_resumes_without_running_a_child_twice(home: Path, tmp_pat
     del db
 
     def two_children() -> bool:
+        """Two children training: the command is waiting for a slot, not creating one."""
         jobs = home / "jobs"
-        return (
-            jobs.exists()
-            and len([p for p in jobs.iterdir() if p.name.startswith("cli-resume-")]) >= 2
-        )
+        if not jobs.exists():
+            return False
+        db = JobDB(load_settings().db_path)
+        training = 0
+        for folder in jobs.iterdir():
+            with contextlib.suppress(NotFoundError):
+                training += db.get(folder.name).secondary_status == "Training"
+        return training >= 2
 
     try:
         wait_until(two_children, timeout=60, what="two children started")
@@ -91,4 +97,3 @@ def test_tuning_stop_from_the_command_line(home: Path, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    time.sleep(0)
