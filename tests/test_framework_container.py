@@ -255,3 +255,34 @@ def test_the_interface_hyperparameter_is_honoured_where_the_network_has_it(
     messages = [t.message for t in record.transitions]
     told = any(f"sagemaker_network_interface_name '{wanted}'" in m for m in messages)
     assert told is (wanted != "lo")
+
+
+def test_tensorflow_variables_as_its_toolkit_sets_them() -> None:
+    from trainport.host.script_mode import script_invocation
+
+    def contract(host: str, **hps: str) -> dict[str, str]:
+        _, env = script_invocation(
+            base_dir=Path("/opt/ml"),
+            hyperparameters={
+                "sagemaker_program": '"train.py"',
+                "sagemaker_submit_directory": '"s3://code/src.tar.gz"',
+                "sagemaker_region": '"eu-west-1"',
+                **hps,
+            },
+            resource_config={"hosts": ["algo-1", "algo-2"], "current_host": host},
+            input_data_config={},
+            python="python3",
+            num_gpus=0,
+            num_cpus=2,
+        )
+        return env
+
+    plain = frameworks.container_variables(Framework.TENSORFLOW, contract("algo-1"))
+    assert plain == {"TF_CPP_MIN_LOG_LEVEL": "1", "S3_USE_HTTPS": "1", "S3_REGION": "eu-west-1"}
+    mwms = {"sagemaker_multi_worker_mirrored_strategy_enabled": "true"}
+    second = frameworks.container_variables(Framework.TENSORFLOW, contract("algo-2", **mwms))
+    assert json.loads(second["TF_CONFIG"]) == {
+        "cluster": {"worker": ["algo-1:8890", "algo-2:8890"]},
+        "environment": "cloud",
+        "task": {"index": 1, "type": "worker"},
+    }

@@ -131,8 +131,16 @@ def container_variables(
     algo-1 unless instance groups say otherwise) and ``MASTER_PORT`` 7777 for every job,
     single-host too, so ``init_process_group(rank=..., world_size=...)`` works without a
     launcher; NCCL on the job's interface over IP sockets, warnings only; and the version
-    of PyTorch. The other frameworks' toolkits add nothing a script reads.
+    of PyTorch.
+
+    The TensorFlow toolkit's: TensorFlow's C++ log at warnings, its S3 file system over
+    HTTPS in the job's region, and with the multi-worker mirrored strategy ``TF_CONFIG``
+    naming every host of the distribution as a worker on port 8890.
+
+    scikit-learn's and XGBoost's toolkits add nothing a script reads.
     """
+    if framework is Framework.TENSORFLOW:
+        return _tensorflow_variables(contract)
     if framework is not Framework.PYTORCH:
         return {}
     training_env = json.loads(contract.get("SM_TRAINING_ENV") or "{}")
@@ -147,6 +155,31 @@ def container_variables(
     }
     if torch:
         env["SM_DLC_TORCH_VERSION"] = torch
+    return env
+
+
+# The TensorFlow toolkit's multi-worker mirrored strategy: every worker listens on this port.
+TENSORFLOW_WORKER_PORT = 8890
+_MWMS = "sagemaker_multi_worker_mirrored_strategy_enabled"
+
+
+def _tensorflow_variables(contract: Mapping[str, str]) -> dict[str, str]:
+    env = {
+        "TF_CPP_MIN_LOG_LEVEL": "1",
+        "S3_USE_HTTPS": "1",
+        "S3_REGION": contract.get("SAGEMAKER_REGION", ""),
+    }
+    training_env = json.loads(contract.get("SM_TRAINING_ENV") or "{}")
+    params = json.loads(contract.get("SM_FRAMEWORK_PARAMS") or "{}")
+    workers = list(training_env.get("distribution_hosts") or [])
+    current = contract.get("SM_CURRENT_HOST", "")
+    if params.get(_MWMS) and current in workers:
+        tf_config = {
+            "cluster": {"worker": [f"{h}:{TENSORFLOW_WORKER_PORT}" for h in workers]},
+            "environment": "cloud",
+            "task": {"index": workers.index(current), "type": "worker"},
+        }
+        env["TF_CONFIG"] = json.dumps(tf_config)
     return env
 
 
