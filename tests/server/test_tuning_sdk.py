@@ -103,6 +103,53 @@ print("children:", sorted(k["TrainingJobStatus"] for k in kids["TrainingJobSumma
 """
 
 
+_BYO = """
+from sagemaker.estimator import Estimator
+from sagemaker.tuner import HyperparameterTuner, IntegerParameter
+
+estimator = Estimator(
+    image_uri=IMAGE,
+    role=ROLE,
+    instance_type="ml.m5.large",
+    instance_count=1,
+    hyperparameters={"epochs": 2},
+    sagemaker_session=session,
+)
+tuner = HyperparameterTuner(
+    estimator,
+    objective_metric_name="loss",
+    objective_type="Minimize",
+    metric_definitions=[{"Name": "loss", "Regex": "loss=([0-9.]+)"}],
+    hyperparameter_ranges={"shift": IntegerParameter(0, 6)},
+    strategy="Random",
+    max_jobs=3,
+    max_parallel_jobs=3,
+    random_seed=2,
+    # The image folder is under pytest's private tmp: the process runner reads it.
+    tags=[{"Key": "trainport:runner", "Value": "process"}],
+)
+tuner.fit(wait=True)
+best = session.sagemaker_client.describe_hyper_parameter_tuning_job(
+    HyperParameterTuningJobName=tuner.latest_tuning_job.name
+)["BestTrainingJob"]
+print("best:", best["TunedHyperParameters"]["shift"], best["FinalHyperParameterTuningJobObjectiveMetric"]["Value"])
+"""
+
+BYO_TRAIN = """#!/usr/bin/env python3
+import json, os
+base = os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")
+hp = json.load(open(base + "/input/config/hyperparameters.json"))
+for e in range(int(hp["epochs"])):
+    print("loss=%.3f" % (abs(int(hp["shift"]) - 3) + 1 / (e + 1)), flush=True)
+"""
+
+
+@pytest.fixture
+def host_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before the server starts: it lets a tuning job name an image folder of this machine."""
+    monkeypatch.setenv("TRAINPORT_SERVER_ALLOW_HOST_PATHS", "1")
+
+
 def _run(server: Any, moto_endpoint: str, tmp_path: Path, code: str) -> str:
     workdir = tmp_path / "work"
     (workdir / "src").mkdir(parents=True)
@@ -149,3 +196,18 @@ def test_stop_tuning_job(sdk_server: Any, moto_endpoint: str, tmp_path: Path) ->
     out = _run(sdk_server, moto_endpoint, tmp_path, _STOP)
     assert _line(out, "status:") == "Stopped", out
     assert _line(out, "children:") == "['Stopped', 'Stopped']", out
+
+
+def test_a_byo_image_estimator(
+    host_paths: None,
+    sdk_server: Any,  # noqa: F811
+    moto_endpoint: str,
+    tmp_path: Path,
+) -> None:
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "train").write_text(BYO_TRAIN)
+    (image / "train").chmod(0o755)
+    out = _run(sdk_server, moto_endpoint, tmp_path, f"IMAGE = {str(image)!r}\n" + _BYO)
+    shift, value = _line(out, "best:").split()
+    assert float(value) == pytest.approx(abs(int(shift) - 3) + 0.5, abs=1e-3), out
