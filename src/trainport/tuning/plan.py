@@ -107,8 +107,8 @@ def _ending(
     if spec.max_runtime is not None and now - record.creation_time >= spec.max_runtime:
         return "runtime"
     failed = [v for v in views if v.status == "Failed"]
-    if len(failed) >= _FAILURES_TO_GIVE_UP and best is None and not any(v.active for v in views):
-        return "failures"
+    if len(failed) >= _FAILURES_TO_GIVE_UP and best is None:
+        return "failures"  # the definition itself is broken, most likely: spend no more
     return None
 
 
