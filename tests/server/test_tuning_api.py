@@ -421,3 +421,16 @@ def test_several_definitions_take_turns(sm: Any) -> None:
     completed = children(sm, "multi", StatusEquals="Completed")
     assert len(completed) == 4
     assert children(sm, "multi", StatusEquals="Failed") == []
+
+
+def test_a_tuning_job_whose_children_all_fail_fails(sm: Any) -> None:
+    # --pause is not a number: every child's script exits with an argparse error.
+    request = tuning_request("broken", "Random", max_jobs=5, parallel=3, static={"pause": "x"})
+    sm.create_hyper_parameter_tuning_job(**request)
+    d = wait_tuning(sm, "broken")
+    assert d["HyperParameterTuningJobStatus"] == "Failed", d
+    assert "No training job reported the objective metric 'loss'" in d["FailureReason"]
+    failed = d["TrainingJobStatusCounters"]["NonRetryableError"]
+    assert failed >= 3 and d["ObjectiveStatusCounters"]["Failed"] == failed
+    assert len(children(sm, "broken")) == failed
+    assert "BestTrainingJob" not in d
