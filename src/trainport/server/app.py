@@ -39,22 +39,12 @@ __all__ = ["ServerConfig", "TrainportServer", "build_server"]
 
 log = logging.getLogger(__name__)
 
-# Reads of the job database and of single log files, answered on the event loop (see
-# asgi.py). Their work holds the GIL nearly throughout (SQLite pages and log lines in the
-# page cache, JSON), so on a thread they would not free the loop meanwhile, and the trip
-# there and back costs two thread switches. The rest may wait (on the store, a write lock,
-# a job's processes, many files) and go to the pool.
-_READS_ON_LOOP = frozenset(
-    {
-        "Trainport.Ping",
-        "SageMaker.DescribeTrainingJob",
-        "SageMaker.ListTrainingJobs",
-        "SageMaker.ListTags",
-        "Logs_20140328.DescribeLogGroups",
-        "Logs_20140328.DescribeLogStreams",
-        "Logs_20140328.GetLogEvents",
-    }
-)
+# Operations answered on the event loop itself (see asgi.py): a read of one record takes
+# less than the two thread switches of a trip through the pool. The rest go to the pool:
+# they may wait (on the store, a write lock, a job's processes), or spend much of their
+# time in SQLite or file reads, which release the GIL, so on a pool thread that time runs
+# beside the loop and other requests on another core.
+_ON_LOOP = frozenset({"Trainport.Ping", "SageMaker.DescribeTrainingJob"})
 
 # Connections the kernel queues before the server accepts them: a burst of hundreds of
 # clients connecting at once must not be refused (the kernel caps it at somaxconn).
@@ -122,7 +112,7 @@ class TrainportServer:
             UnservedServices(protocol.verifier),
             workers=config.workers,
             worker_setup=self._hold_db,
-            quick=_READS_ON_LOOP,
+            quick=_ON_LOOP,
         )
         limits = ConnectionLimits(config.idle_timeout, config.request_timeout)
         self._uvicorn = uvicorn.Server(

@@ -5,11 +5,11 @@ a service trainport does not serve gets that service's error (:mod:`.unserved`),
 its method; ``POST`` is the JSON API (:mod:`.protocol`); ``GET`` is the dashboard; other
 methods are refused.
 
-Operations that may wait (on the object store, a write lock, a job's processes) run on a
-pool of threads, each holding its own database connection for its life. The ``quick``
-ones, reads of the job database and of a log file, are answered by the event loop itself:
-their work holds the GIL nearly throughout, so a thread would not free the loop meanwhile,
-and the trip through the pool costs two thread switches.
+Operations run on a pool of threads, each holding its own database connection for its
+life: they may wait (on the object store, a write lock, a job's processes), and the SQLite
+and file reads they spend much of their time in release the GIL, so there they run beside
+the event loop. The ``quick`` ones, reads of one record, are answered by the event loop
+itself: they take less time than the two thread switches of a trip through the pool.
 """
 
 from __future__ import annotations
