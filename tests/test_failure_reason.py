@@ -173,3 +173,20 @@ def test_an_mpi_ranks_error_is_in_the_reason(home: Path, service: JobService) ->
     reason = record.failure_reason or ""
     assert "MPI rank 1 on host algo-1 " in reason, reason
     assert "ValueError: bad shard 7" in reason, reason
+
+
+TORCHRUN_TAIL = [
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "train.py", line 4, in <module>',
+    "[rank1]: ValueError: bad shard 7",
+    "E1125 12:00:00 failed (exitcode: 1) local_rank: 1 (pid: 42) of binary: python",
+    "Traceback (most recent call last):",
+    '  File "torch/distributed/run.py", line 9, in <module>',
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "============================================================",
+    "train.py FAILED",
+]
+
+
+def test_torchruns_report_gives_way_to_the_ranks_error() -> None:
+    assert failure.last_exception(TORCHRUN_TAIL) == "ValueError: bad shard 7"

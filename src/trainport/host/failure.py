@@ -26,7 +26,9 @@ __all__ = ["last_exception", "output_failure", "script_failure"]
 _OWN_PREFIX = "[trainport]"
 _TRACEBACK = "Traceback (most recent call last):"
 # "ValueError: bad shard", "torch.distributed.DistBackendError", "KeyboardInterrupt".
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(:( .*)?)?$")
+# What launchers raise when a child they started failed: the child's error says why.
+_LAUNCHER_ERRORS = ("ChildFailedError",)
 # How many of the last lines stand for a command that printed no traceback.
 TAIL_LINES = 5
 
@@ -38,20 +40,29 @@ def _job_lines(lines: Sequence[str]) -> list[str]:
 def last_exception(lines: Sequence[str]) -> str | None:
     """The exception line of the last Python traceback in ``lines`` (``ValueError: bad
     shard 7``), or None where there is none. In a chain of exceptions that is the one
-    raised last, the one that ended the program."""
+    raised last, the one that ended the program; a launcher's own report that a child
+    failed (torchrun's ChildFailedError) gives way to the child's error before it."""
     own = _job_lines(lines)
     starts = [i for i, line in enumerate(own) if line.endswith(_TRACEBACK)]
-    if not starts:
-        return None
+    for start in reversed(starts):
+        found = _exception_after(own, start)
+        if found and not any(name in found for name in _LAUNCHER_ERRORS):
+            return found
+    return None
+
+
+def _exception_after(own: Sequence[str], start: int) -> str | None:
     # A prefix before "Traceback" (an MPI rank's tag, a logger's stamp) is before each line.
-    first = own[starts[-1]]
+    first = own[start]
     prefix = first[: len(first) - len(_TRACEBACK)]
-    for line in own[starts[-1] + 1 :]:
+    for line in own[start + 1 :]:
         body = line[len(prefix) :] if line.startswith(prefix) else line
         if not body or body[0].isspace() or body.startswith("^"):
             continue  # the stack: "  File ...", source lines, carets
         if _EXCEPTION.match(body):
             return body
+        if body.endswith(_TRACEBACK):
+            return None  # the next traceback began without an exception line
     return None
 
 
