@@ -190,3 +190,32 @@ TORCHRUN_TAIL = [
 
 def test_torchruns_report_gives_way_to_the_ranks_error() -> None:
     assert failure.last_exception(TORCHRUN_TAIL) == "ValueError: bad shard 7"
+
+
+RANK_RAISES = """
+import os
+if os.environ["LOCAL_RANK"] == "1":
+    raise ValueError("bad shard 7")
+"""
+
+
+@pytest.mark.slow
+def test_a_torchrun_ranks_error_is_in_the_reason(home: Path, service: JobService) -> None:
+    from tests.conftest import require_module
+
+    require_module("torch")
+    put(home, "data", "train/x.csv", "1\n")
+    body = script_job(
+        home,
+        "torchrun-error",
+        {"train.py": RANK_RAISES},
+        "train.py",
+        sagemaker_torch_distributed_enabled="true",
+    )
+    body["Tags"] = [{"Key": "trainport:processes-per-host", "Value": "2"}]
+    service.create(body, runner="process")
+    record = wait_for(service, "torchrun-error", timeout=180)
+    assert record.status == "Failed"
+    reason = record.failure_reason or ""
+    assert 'ErrorMessage "ValueError: bad shard 7"' in reason, reason
+    assert "torch.distributed.run" in reason
