@@ -34,23 +34,59 @@ __all__ = ["ProcessRunner", "hosts_namespace_argv", "hosts_namespace_problem"]
 
 log = logging.getLogger(__name__)
 
-# $0 is the hosts file; exec keeps the pid (and process group) the training command's.
-# The tools by their system path: the request's PATH is the command's, not the launcher's.
-_BIND_HOSTS = '"$0" --bind "$1" /etc/hosts && shift && exec "$@"'
+# $0 is mount, $1 the hosts file, $2 the host's name, $3 the host's tree ("" to leave /opt/ml
+# alone); exec keeps the pid (and process group) the training command's. The tools by their
+# system path: the request's PATH is the command's, not the launcher's.
+_BIND_HOSTS = (
+    '"$0" --bind "$1" /etc/hosts && hostname "$2" && '
+    '{ [ -z "$3" ] || "$0" --bind "$3" /opt/ml; } && shift 3 && exec "$@"'
+)
+OPT_ML = "/opt/ml"
 
 
 def _tool(name: str) -> str:
     return shutil.which(name, path=SYSTEM_PATH) or name
 
 
-def hosts_namespace_argv(way: str, hosts_file: Path) -> list[str]:
-    """The prefix that runs a command with ``hosts_file`` as its /etc/hosts."""
+def hosts_namespace_argv(
+    way: str, hosts_file: Path, hostname: str = "localhost", tree: Path | None = None
+) -> list[str]:
+    """The prefix that runs a command with ``hosts_file`` as its /etc/hosts, ``hostname``
+    as its host name (a UTS namespace of its own) and, given ``tree``, the host's tree at
+    /opt/ml, so code that hard-codes /opt/ml finds its files, FIFOs included."""
     unshare = _tool("unshare")
     if way == "root":
-        argv = [unshare, "--mount", "--propagation", "private"]
+        argv = [unshare, "--mount", "--uts", "--propagation", "private"]
     else:
-        argv = [unshare, "--user", "--map-current-user", "--mount", "--propagation", "private"]
-    return [*argv, "--", _tool("sh"), "-c", _BIND_HOSTS, _tool("mount"), str(hosts_file)]
+        argv = [unshare, "--user", "--map-current-user", "--mount", "--uts"]
+        argv += ["--propagation", "private"]
+    where = str(tree) if tree is not None else ""
+    return [
+        *argv,
+        "--",
+        _tool("sh"),
+        "-c",
+        _BIND_HOSTS,
+        _tool("mount"),
+        str(hosts_file),
+        hostname,
+        where,
+    ]
+
+
+def _opt_ml_mountpoint(way: str) -> bool:
+    """Whether /opt/ml can take a host's tree: it exists, or (as root) is made, empty, once;
+    a bind mount needs a folder to cover."""
+    if os.path.isdir(OPT_ML) and not os.path.islink(OPT_ML):
+        return True
+    if way != "root" or os.path.lexists(OPT_ML):
+        return False
+    try:
+        os.makedirs(OPT_ML, mode=0o755, exist_ok=True)
+    except OSError as exc:
+        log.info("no /opt/ml for the process runner's jobs: %s", exc)
+        return False
+    return True
 
 
 @functools.cache
@@ -85,7 +121,9 @@ class ProcessRunner(Runner):
         way, problem = _hosts_way()
         argv = list(placement.argv)
         if way is not None:
-            argv = hosts_namespace_argv(way, placement.hosts_file) + argv
+            tree = placement.root if _opt_ml_mountpoint(way) else None
+            name = placement.root.name if placement.root.name in placement.hosts else "localhost"
+            argv = hosts_namespace_argv(way, placement.hosts_file, name, tree) + argv
         elif len(placement.hosts) > 1:
             raise SandboxError(
                 f"the hosts {', '.join(placement.hosts)} cannot be made to resolve under the "
