@@ -30,10 +30,10 @@ def test_dashboard_shows_job_logs_and_chart(sm: Any, server: Any, tmp_path: Path
             page = browser.new_page(viewport={"width": 1200, "height": 1400})
             # Without the token the data is refused, and the page says how to sign in.
             page.goto(server.url + "/")
-            page.wait_for_selector("p.error", timeout=15_000)
+            page.wait_for_selector("p.error", timeout=60_000)
             assert "sign in" in page.inner_text("p.error")
             page.goto(server.dashboard_url())  # sets the cookie, redirects to /
-            row = page.wait_for_selector('tr[data-job="shown-in-browser"]', timeout=15_000)
+            row = page.wait_for_selector('tr[data-job="shown-in-browser"]', timeout=60_000)
             assert row is not None
             assert "Completed" in row.inner_text()
             page.screenshot(path=str(tmp_path / "dashboard-list.png"), full_page=True)
@@ -42,7 +42,7 @@ def test_dashboard_shows_job_logs_and_chart(sm: Any, server: Any, tmp_path: Path
             page.wait_for_function(
                 "document.getElementById('log') && "
                 "document.getElementById('log').textContent.includes('epoch 3 loss=0.250')",
-                timeout=15_000,
+                timeout=60_000,
             )
             log_text = page.inner_text("#log")
             assert [ln for ln in log_text.splitlines() if ln.startswith("epoch")] == [

@@ -319,7 +319,9 @@ def _run_hosts(
     )
     model_uri = model_uris.get(hosts[0])
     try:
-        if multi:
+        # A job whose hosts never got their instances (stopped while it waited for a
+        # cluster's capacity) has nothing to upload, and says no Uploading.
+        if multi and _got_instances(db.get(name)):
             model_uri, finished = _upload_merged(
                 db, name, settings.jobs_dir, spec, store, group, finished
             )
@@ -480,6 +482,10 @@ def _place(
 def _overrun(spec: JobSpec) -> StopRequested:
     message = f"MaxRuntimeInSeconds ({spec.max_runtime_seconds} s) exceeded; stopping"
     return StopRequested("max_runtime", message)
+
+
+def _got_instances(record: JobRecord) -> bool:
+    return any(t.status in ("Downloading", "Training") for t in record.transitions)
 
 
 @contextlib.contextmanager
