@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 # they may wait (on the store, a write lock, a job's processes), or spend much of their
 # time in SQLite or file reads, which release the GIL, so on a pool thread that time runs
 # beside the loop and other requests on another core.
-_ON_LOOP = frozenset({"Trainport.Ping", "SageMaker.DescribeTrainingJob"})
+_ON_LOOP = frozenset(
+    {"Trainport.Ping", "SageMaker.DescribeTrainingJob", "SageMaker.ListTrainingJobs"}
+)
 
 # Connections the kernel queues before the server accepts them: a burst of hundreds of
 # clients connecting at once must not be refused (the kernel caps it at somaxconn).
