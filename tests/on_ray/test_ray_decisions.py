@@ -163,6 +163,9 @@ def test_a_job_network_across_nodes_is_one_subnet_clear_of_every_nodes_routes() 
     assert not made.subnet.startswith("10.100.")  # a node has a route there
     assert made.mtu == 1450  # the smaller node's, less VXLAN's headers
     assert made.nodes == {"algo-1": "10.0.0.2", "algo-2": "10.0.0.3"}
+    assert made.cluster == ("10.0.0.2", "10.0.0.3")
+    v6 = plan_overlay("run-1", nodes, isolated=False, cluster=("10.0.0.2", "fd00::2", "bad"))
+    assert isinstance(v6, Overlay) and v6.cluster == ("10.0.0.2",)
     again = plan_overlay("run-2", nodes, isolated=False, cluster=())
     assert isinstance(again, Overlay) and again.vni != made.vni  # a retry is another network
     assert 0 < made.vni < 1 << 24

@@ -112,8 +112,17 @@ def plan_overlay(
         nodes={h: n.address for h, n in nodes.items()},
         mtu=min(n.mtu for n in nodes.values()) - _VXLAN_OVERHEAD,
         isolated=isolated,
-        cluster=cluster,
+        # The firewall's set holds IPv4 addresses (job networks are IPv4 only: a job has no
+        # IPv6 route to reach a node by).
+        cluster=tuple(a for a in cluster if _is_ipv4(a)),
     )
+
+
+def _is_ipv4(address: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(address), ipaddress.IPv4Address)
+    except ValueError:
+        return False
 
 
 def node_network(address: str) -> NodeNetwork:
