@@ -18,12 +18,31 @@ from trainport.errors import SandboxError, ValidationError
 if TYPE_CHECKING:
     from trainport.runners.limits import Limits
 
-__all__ = ["PROCESS_RUNNER_WARNING", "HostProcess", "Placement", "Runner", "select_runner"]
+__all__ = [
+    "PROCESS_RUNNER_WARNING",
+    "HostProcess",
+    "Placement",
+    "Runner",
+    "pid_alive",
+    "select_runner",
+]
 
 log = logging.getLogger(__name__)
 
 # The PATH trainport finds its own tools on outside a sandbox: fixed, never a request's.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (another user's counts: it is alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
 
 PROCESS_RUNNER_WARNING = (
     "the process runner isolates nothing: a job runs as this user and can read and change "

@@ -32,6 +32,7 @@ import subprocess
 from dataclasses import dataclass
 
 from trainport.runners import netns
+from trainport.runners.api import pid_alive
 
 __all__ = [
     "OVERLAY_PORT",
@@ -273,20 +274,10 @@ def remove_left_overlays() -> list[str]:
         if not name.startswith(_NAMESPACE_PREFIX):
             continue
         pid, _, tag = name[len(_NAMESPACE_PREFIX) :].partition("-")
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         netns.remove_network(tag, [name], (f"tpx{tag}",))
         removed.append(name)
     if removed:
         log.info("removed job networks left by ended workers: %s", removed)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from trainport.errors import SandboxError
-from trainport.runners.api import SYSTEM_PATH, HostProcess, Placement, Runner
+from trainport.runners.api import SYSTEM_PATH, HostProcess, Placement, Runner, pid_alive
 from trainport.runners.limits import Limits, job_uid, memory_outcome
 from trainport.runners.oci import oci_config
 from trainport.runners.plan import OPT_ML, HostView, MountKind, SandboxPlan, plan_sandbox
@@ -320,21 +320,11 @@ def sweep_orphans() -> list[str]:
             starter = int(entry.split("-")[2])
         except (IndexError, ValueError):
             continue
-        if _alive(starter):
+        if pid_alive(starter):
             continue
         _remove_container(entry)
         removed.append(entry)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _cgroup(container: str) -> str:
