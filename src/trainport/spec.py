@@ -44,7 +44,8 @@ EXTENSION_TAGS = {
     "<channel>_w<k>_<epoch> holding disjoint shards (docs/pipe-mode.md)",
     "trainport:distribution": "torchrun: launch the script-mode entry point with torchrun on "
     "every host (as the hyperparameter sagemaker_torch_distributed_enabled does); mpi: with "
-    "mpirun over every host (as sagemaker_mpi_enabled does)",
+    "mpirun over every host (as sagemaker_mpi_enabled does); smddp: as SageMaker's distributed "
+    "data parallel launch (as sagemaker_distributed_dataparallel_enabled does)",
     "trainport:processes-per-host": "P: processes per host for torchrun or MPI (default: the "
     "host's GPU count, else 1)",
     "trainport:mpi-options": "extra mpirun options (as sagemaker_mpi_custom_mpi_options)",
@@ -421,8 +422,10 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             from trainport.runners.limits import parse_resources_tag
 
             parse_resources_tag(value)
-        if key == "trainport:distribution" and value not in ("torchrun", "mpi"):
-            raise ValidationError(f"Tags: trainport:distribution={value!r}; use torchrun or mpi")
+        if key == "trainport:distribution" and value not in ("torchrun", "mpi", "smddp"):
+            raise ValidationError(
+                f"Tags: trainport:distribution={value!r}; use torchrun, mpi or smddp"
+            )
         if key == "trainport:processes-per-host" and not (
             value.isdigit() and 1 <= int(value) <= 64
         ):

@@ -28,6 +28,9 @@ __all__ = ["choose_backend", "destroy_process_group", "device_backend", "init_pr
 logger = logging.getLogger(__name__)
 
 
+_CARRIED_BY = {"smddp": "gloo"}
+
+
 def choose_backend() -> str:
     """``cpu:gloo,cuda:nccl`` when this process sees a CUDA device and has NCCL, else ``gloo``."""
     if torch.cuda.is_available() and dist.is_nccl_available():
@@ -42,7 +45,8 @@ def device_backend(backend: str, device_type: str) -> str:
     ``cpu:gloo,cuda:nccl``; a device the map does not name gets the first backend named.
     """
     if ":" not in backend:
-        return backend
+        # smddp is trainport's face of SageMaker's data-parallel backend: gloo underneath.
+        return _CARRIED_BY.get(backend, backend)
     pairs = [part.split(":", 1) for part in backend.split(",") if ":" in part]
     for device, name in pairs:
         if device.strip() == device_type:

@@ -39,6 +39,7 @@ from trainport.host import (
     mpi,
     mpi_rank,
     pipe,
+    smddp,
 )
 from trainport.host.artifacts import scratch_dir, upload_artifacts
 from trainport.host.channels import (
@@ -536,7 +537,11 @@ class HostAgent:
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
         if spec.torch_distributed:
             argv = self._torchrun(argv, python, len(share.devices))
-        settings = mpi.mpi_settings(spec)
+        settings = mpi.mpi_settings(spec) or smddp.mpi_settings(spec)
+        if smddp.enabled(spec):
+            # Last on the path: the job's own code and paths come first, and trainport's
+            # package defers to a real smdistributed.dataparallel the interpreter has.
+            merged["PYTHONPATH"] = os.pathsep.join([merged["PYTHONPATH"], str(smddp.SITE)])
         if settings is not None:
             return self._mpi_command(settings, argv, python, merged, base_dir, layout, share)
         self._script_command = tuple(argv)

@@ -137,8 +137,9 @@ def runs_in_docker(spec: JobSpec) -> bool:
 def check_runnable(spec: JobSpec) -> str:
     """How the job will run ("container" | "entrypoint" | "image" | "script"), or a clear
     error now."""
-    from trainport.host import mpi
+    from trainport.host import mpi, smddp
 
+    smddp.refuse_model_parallel(spec)
     engine = container_engine(spec)
     if engine is not None:
         namespaces = spec.tags.get("trainport:network") == "namespaces"
@@ -150,6 +151,9 @@ def check_runnable(spec: JobSpec) -> str:
     if mpi.mpi_settings(spec) is not None:
         script = is_script_mode(spec)
         mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
+    if smddp.enabled(spec):
+        program = spec.hyperparameters.get("sagemaker_program") if is_script_mode(spec) else None
+        smddp.check(spec, mpi.plain_value(program) if program is not None else None)
     if spec.entrypoint:
         exe = spec.entrypoint[0]
         # Found as the job will find it: on its own PATH, not this process's.

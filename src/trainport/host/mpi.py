@@ -103,6 +103,10 @@ def _plain(value: str | None) -> str:
     return str(decoded).lower() if isinstance(decoded, bool) else str(decoded)
 
 
+#: A hyperparameter's plain text (for the other launches that read the SDK's settings).
+plain_value = _plain
+
+
 def mpi_settings(spec: JobSpec) -> MpiSettings | None:
     """The job's MPI settings, or None when it does not ask for MPI.
 
