@@ -35,6 +35,10 @@ if [ -n "$missing" ]; then
   fi
 fi
 
+# The dashboard's charting library (uPlot, from the npm registry, pinned and checksummed):
+# before the install below, which packages it into the wheel.
+scripts/fetch-dashboard-vendor.sh
+
 python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
