@@ -60,6 +60,7 @@ from trainport.host.events import (
 )
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
 from trainport.host.metrics import MetricMatcher
+from trainport.host.resources import ResourceSampler, ResourcesSampled
 from trainport.jobs.records import MetricPoint
 from trainport.jobs.status import Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
@@ -537,7 +538,7 @@ class HostAgent:
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
         if spec.torch_distributed:
             argv = self._torchrun(argv, python, len(share.devices))
-        settings = mpi.mpi_settings(spec) or smddp.mpi_settings(spec)
+        settings = mpi.mpi_settings(spec)
         if smddp.enabled(spec):
             # Last on the path: the job's own code and paths come first, and trainport's
             # package defers to a real smdistributed.dataparallel the interpreter has.
@@ -755,6 +756,11 @@ class HostAgent:
             self._process = process
         self.report(TrainingStarted(self.plan.host, process.pgid))
         log.info("host %s started %s (process group %d)", self.plan.host, cmd.argv, process.pgid)
+        sampler = ResourceSampler(
+            process.pgid,
+            lambda sample: self.report(ResourcesSampled(self.plan.host, (sample,))),
+        )
+        sampler.start()
         done = threading.Event()
         syncer = None
         if checkpoints is not None and self.settings.checkpoint_sync_seconds > 0:
@@ -774,6 +780,7 @@ class HostAgent:
         )
         pump.start()
         code = process.wait()
+        sampler.stop()
         # Children the training process left behind (a DataLoader worker, a shell's job)
         # still hold the group: give them the same grace, then end them.
         if process.group_alive():

@@ -148,12 +148,12 @@ def check_runnable(spec: JobSpec) -> str:
             raise ValidationError(problem)
         return "container"
 
+    if smddp.enabled(spec):  # first: its launch is an MPI launch, with rules of its own
+        program = spec.hyperparameters.get("sagemaker_program") if is_script_mode(spec) else None
+        smddp.check(spec, mpi.plain_value(program) if program is not None else None)
     if mpi.mpi_settings(spec) is not None:
         script = is_script_mode(spec)
         mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
-    if smddp.enabled(spec):
-        program = spec.hyperparameters.get("sagemaker_program") if is_script_mode(spec) else None
-        smddp.check(spec, mpi.plain_value(program) if program is not None else None)
     if spec.entrypoint:
         exe = spec.entrypoint[0]
         # Found as the job will find it: on its own PATH, not this process's.

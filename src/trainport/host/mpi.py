@@ -108,7 +108,8 @@ plain_value = _plain
 
 
 def mpi_settings(spec: JobSpec) -> MpiSettings | None:
-    """The job's MPI settings, or None when it does not ask for MPI.
+    """The job's MPI settings, or None when it does not ask for MPI (nor for SMDDP, whose
+    launch is an MPI launch: see :mod:`trainport.host.smddp`).
 
     SageMaker's hyperparameters (``sagemaker_mpi_enabled``, ``..._num_of_processes_per_host``,
     ``..._custom_mpi_options``) or trainport's tags (``trainport:distribution=mpi``,
@@ -117,7 +118,10 @@ def mpi_settings(spec: JobSpec) -> MpiSettings | None:
     hps = spec.hyperparameters
     enabled = _plain(hps.get(HP_ENABLED)).lower() == "true"
     if not (enabled or spec.tags.get("trainport:distribution") == "mpi"):
-        return None
+        # SageMaker's data-parallel library launches with mpirun too, settings of its own.
+        from trainport.host import smddp
+
+        return smddp.mpi_settings(spec)
     per_host = spec.processes_per_host
     if per_host is None and hps.get(HP_PROCESSES) is not None:
         raw = _plain(hps.get(HP_PROCESSES))
@@ -296,8 +300,14 @@ def failure_reason(
     if (rank_match := _PROCESS.search(text)) and (exit_match := _EXIT.search(text)):
         rank = int(rank_match.group(1))
         host = host_of(rank) or "?"
+        # The rank's own note says why (its uncaught exception), where it left one.
+        said = next(
+            (f": {n['error']}" for n in _well_formed(notes) if n["rank"] == rank and n["error"]),
+            "",
+        )
         return (
-            f"AlgorithmError: MPI rank {rank} on host {host} exited with code {exit_match.group(1)}"
+            f"AlgorithmError: MPI rank {rank} on host {host} exited with code "
+            f"{exit_match.group(1)}{said}"
         )
     if note := first_rank_note(notes):
         rank = note["rank"]
