@@ -141,9 +141,13 @@ class TuningDriver:
             log.info(
                 "tuning job %s: ends (%s); stopping its running children", record.name, plan.ending
             )
-            store.update(record.name, lambda r: dataclasses.replace(r, ending=plan.ending))
-        if plan.launch:
-            self._launch(record, spec, views, plan.launch)
+            converged = time.time() if plan.ending == "convergence" else None
+            store.update(
+                record.name,
+                lambda r: dataclasses.replace(r, ending=plan.ending, convergence_time=converged),
+            )
+        if plan.launch or plan.promote:
+            self._launch(record, spec, plan.launch, plan.promote)
         if plan.finish is not None:
             self._finish(record, *plan.finish)
 
@@ -154,6 +158,8 @@ class TuningDriver:
             log.debug("tuning job %s: stopping child %s: %s", tuning, child, exc)
         if why == "early":
             log.info("tuning job %s: stopped %s early", tuning, child)
+        elif why == "pause":
+            log.info("tuning job %s: paused %s at a rung (its checkpoint kept)", tuning, child)
         self.service.store.update(tuning, lambda r: r.with_child(child, stop_reason=why))
 
     def _finish(self, seen: TuningRecord, status: str, reason: str | None) -> None:
@@ -181,9 +187,10 @@ class TuningDriver:
 
         return self.service.store.update(record.name, keep)
 
-    def _history(self, record: TuningRecord, spec: TuningSpec) -> list[Trial]:
-        """What a strategy learns from: every ended child, and a warm start's parents'."""
-        records = [*self.service.parents(spec), record]
+    def _history(self, record: TuningRecord, spec: TuningSpec, *, own: bool = True) -> list[Trial]:
+        """What a strategy learns from: every ended child (unless not ``own``), and a warm
+        start's parents'."""
+        records = [*self.service.parents(spec), *([record] if own else [])]
         return [
             Trial(c.definition, c.tuned, c.ended.objective)
             for r in records
@@ -192,24 +199,45 @@ class TuningDriver:
         ]
 
     def _launch(
-        self, record: TuningRecord, spec: TuningSpec, views: list[ChildView], n: int
+        self, record: TuningRecord, spec: TuningSpec, n: int, promote: tuple[str, ...]
     ) -> None:
-        strategy = make_strategy(spec, record.seed)
+        """Plan ``n`` new trials and a continuation of each paused child in ``promote``."""
+        strategy = make_strategy(spec, record.seed, self._history(record, spec, own=False))
         history = self._history(record, spec)
         now = time.time()
         planned = []
-        for index in range(len(record.children), len(record.children) + n):
-            which, tuned = strategy.propose(index, history)
+        index = len(record.children)
+        for paused in promote:
+            first = record.first_of_trial(paused)
+            depth = sum(1 for c in record.children if record.first_of_trial(c.name) == first)
+            source = record.child(paused)
             planned.append(
                 Child(
                     index=index,
-                    name=child_name(record.name, index, record.arn),
+                    name=f"{first.name}-r{depth}",
+                    definition=source.definition,
+                    tuned=dict(source.tuned),
+                    state=ChildState.PLANNED.value,
+                    creation_time=now,
+                    continues=paused,
+                )
+            )
+            index += 1
+        # A trial's values and name follow its number among trials (continuations are
+        # not trials), so a tuning job draws the same values with or without resuming.
+        for trial in range(record.trials, record.trials + n):
+            which, tuned = strategy.propose(trial, history)
+            planned.append(
+                Child(
+                    index=index,
+                    name=child_name(record.name, trial, record.arn),
                     definition=spec.definitions[which].name,
                     tuned=tuned,
                     state=ChildState.PLANNED.value,
                     creation_time=now,
                 )
             )
+            index += 1
 
         def plan(r: TuningRecord) -> TuningRecord:
             if len(r.children) != len(record.children) or r.status != record.status:
@@ -219,7 +247,7 @@ class TuningDriver:
             )
 
         stored = self.service.store.update(record.name, plan)
-        if len(stored.children) == len(record.children) + n:
+        if len(stored.children) == len(record.children) + len(planned):
             self._create_planned(stored, spec)
 
     def _create_planned(self, record: TuningRecord, spec: TuningSpec) -> TuningRecord:
@@ -245,7 +273,10 @@ class TuningDriver:
         if cancel:
             return ChildState.CANCELLED.value, None
         definition = next(d for d in spec.definitions if d.name == child.definition)
-        request = child_request(spec, definition, child.name, child.tuned)
+        first = record.first_of_trial(child.name).name
+        request = child_request(
+            spec, definition, child.name, child.tuned, None if first == child.name else first
+        )
         try:
             self.service.submit(request, record.arn)
         except ResourceInUseError:

@@ -14,14 +14,32 @@ from dataclasses import dataclass
 
 from trainport.tuning.records import Child, ChildState, TuningRecord, TuningStatus
 from trainport.tuning.spec import Objective, TuningSpec
-from trainport.tuning.stopping import Progress, hyperband_stops, median_stops
+from trainport.tuning.stopping import (
+    Progress,
+    hyperband_pauses,
+    hyperband_promotions,
+    hyperband_stops,
+    median_stops,
+)
 
-__all__ = ["PLANNED", "ChildView", "Plan", "best_child", "decide", "not_improving"]
+__all__ = [
+    "PLANNED",
+    "ChildView",
+    "Plan",
+    "best_child",
+    "converged",
+    "decide",
+    "not_improving",
+    "superseded",
+]
 
 PLANNED = "Planned"  # a child whose training job is not created yet
 _ACTIVE = (PLANNED, "InProgress", "Stopping")
 # Failed children, none succeeded, before the tuning job gives up on its definition.
 _FAILURES_TO_GIVE_UP = 3
+# ConvergenceDetected: the best objective moved by at most this share of itself over the
+# last children that ended (SageMaker calls 1% or less "no significant improvement").
+CONVERGENCE_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -54,15 +72,26 @@ class ChildView:
 @dataclass(frozen=True)
 class Plan:
     launch: int = 0
-    stop: tuple[tuple[str, str], ...] = ()  # (child, why: "early" or "tuning")
+    stop: tuple[tuple[str, str], ...] = ()  # (child, why: "early", "pause" or "tuning")
+    promote: tuple[str, ...] = ()  # paused children to continue from their checkpoint
     ending: str | None = None
     finish: tuple[str, str | None] | None = None  # (status, FailureReason)
 
 
+def superseded(views: Sequence[ChildView]) -> set[str]:
+    """The paused children that a continuation took over: their trial's result is the
+    continuation's, so they are not candidates for the best."""
+    return {v.child.continues for v in views if v.child.continues is not None}
+
+
 def best_child(views: Sequence[ChildView], objective: Objective) -> ChildView | None:
-    """The child with the best final objective; the earlier one on a tie."""
+    """The child with the best final objective; the earlier one on a tie. A paused child
+    that was continued does not count (its continuation carries its trial on)."""
     best: tuple[float, ChildView] | None = None
+    gone = superseded(views)
     for v in views:
+        if v.child.name in gone:
+            continue
         value = v.objective
         if value is not None and (best is None or objective.better(value, best[0])):
             best = (value, v)
@@ -71,10 +100,7 @@ def best_child(views: Sequence[ChildView], objective: Objective) -> ChildView | 
 
 def not_improving(views: Sequence[ChildView], objective: Objective) -> int:
     """How many children in a row, in the order they ended, did not improve on the best."""
-    ended = sorted(
-        (v for v in views if v.objective is not None),
-        key=lambda v: (v.end_time or 0, v.child.index),
-    )
+    ended = _ended_in_order(views)
     best: float | None = None
     streak = 0
     for value in (v.objective for v in ended):
@@ -85,6 +111,35 @@ def not_improving(views: Sequence[ChildView], objective: Objective) -> int:
         else:
             streak += 1
     return streak
+
+
+def _ended_in_order(views: Sequence[ChildView]) -> list[ChildView]:
+    gone = superseded(views)
+    return sorted(
+        (v for v in views if v.objective is not None and v.child.name not in gone),
+        key=lambda v: (v.end_time or 0, v.child.index),
+    )
+
+
+def convergence_window(max_jobs: int) -> int:
+    """How many children that ended last ConvergenceDetected looks at: a tenth of
+    MaxNumberOfTrainingJobs, at least 3."""
+    return max(3, -(-max_jobs // 10))
+
+
+def converged(views: Sequence[ChildView], objective: Objective, max_jobs: int) -> bool:
+    """``ConvergenceDetected``: with ``k`` = :func:`convergence_window`, at least ``2k``
+    children have ended with an objective, and the last ``k`` of them (in the order they
+    ended) improved the best objective by at most 1% of the best before them."""
+    k = convergence_window(max_jobs)
+    values = [v.objective for v in _ended_in_order(views) if v.objective is not None]
+    if len(values) < 2 * k:
+        return False
+    before, after = values[:-k], values
+    best_before = min(before) if objective.minimize else max(before)
+    best_now = min(after) if objective.minimize else max(after)
+    gain = abs(best_now - best_before)
+    return gain <= CONVERGENCE_TOLERANCE * max(abs(best_before), 1e-12)
 
 
 def _ending(
@@ -106,6 +161,8 @@ def _ending(
         return "not-improving"
     if spec.max_runtime is not None and now - record.creation_time >= spec.max_runtime:
         return "runtime"
+    if spec.complete_on_convergence and converged(views, spec.objective, spec.max_jobs):
+        return "convergence"
     failed = [v for v in views if v.status == "Failed"]
     if len(failed) >= _FAILURES_TO_GIVE_UP and best is None:
         return "failures"  # the definition itself is broken, most likely: spend no more
@@ -124,7 +181,60 @@ def _finish(views: Sequence[ChildView], spec: TuningSpec) -> tuple[str, str | No
     )
 
 
-def _early_stops(spec: TuningSpec, views: Sequence[ChildView]) -> list[str]:
+def _resumes(spec: TuningSpec, view: ChildView) -> bool:
+    """Whether ``view``'s trial pauses and resumes at rungs: Hyperband, and its definition
+    keeps checkpoints."""
+    if spec.strategy != "Hyperband":
+        return False
+    name = view.child.definition
+    return next((d for d in spec.definitions if d.name == name), spec.definitions[0]).resumes
+
+
+def _trials(views: Sequence[ChildView]) -> list[Progress]:
+    """Each trial as its latest child: the points of all its children, one after another."""
+    by_name = {v.child.name: v for v in views}
+    gone = superseded(views)
+    out = []
+    for v in views:
+        if v.child.name in gone or (v.status == PLANNED and v.child.continues is None):
+            continue
+        chain = [v]
+        while chain[0].child.continues is not None and chain[0].child.continues in by_name:
+            chain.insert(0, by_name[chain[0].child.continues])
+        points = tuple(p for c in chain for p in c.points)
+        out.append(
+            Progress(
+                v.child.name,
+                chain[0].child.index,
+                points,
+                v.status == "InProgress" and v.child.stop_reason is None,
+                before=len(points) - len(v.points),
+                paused=v.child.stop_reason == "pause" and v.status == "Stopped",
+            )
+        )
+    return out
+
+
+def _early_stops(spec: TuningSpec, views: Sequence[ChildView]) -> list[tuple[str, str]]:
+    """The children to stop now, each with why: "early" or "pause"."""
+    if spec.strategy == "Hyperband":
+        resuming = {v.child.name for v in views if _resumes(spec, v)}
+        trials = _trials(views)
+        pauses, stops = hyperband_pauses(
+            [t for t in trials if t.name in resuming],
+            spec.min_resource,
+            spec.max_resource,
+            spec.objective,
+            stop_at_max=spec.stop_at_max_resource,
+        )
+        stops += hyperband_stops(
+            [t for t in trials if t.name not in resuming],
+            spec.min_resource,
+            spec.max_resource,
+            spec.objective,
+            stop_at_max=spec.stop_at_max_resource,
+        )
+        return [(n, "pause") for n in pauses] + [(n, "early") for n in stops]
     progress = [
         Progress(
             v.child.name,
@@ -135,17 +245,21 @@ def _early_stops(spec: TuningSpec, views: Sequence[ChildView]) -> list[str]:
         for v in views
         if v.status != PLANNED
     ]
-    if spec.strategy == "Hyperband":
-        return hyperband_stops(
-            progress,
-            spec.min_resource,
-            spec.max_resource,
-            spec.objective,
-            stop_at_max=spec.stop_at_max_resource,
-        )
     if spec.early_stopping:
-        return median_stops(progress, spec.objective)
+        return [(n, "early") for n in median_stops(progress, spec.objective)]
     return []
+
+
+def _promotions(
+    spec: TuningSpec, record: TuningRecord, views: Sequence[ChildView], free: int
+) -> list[str]:
+    if spec.strategy != "Hyperband" or free <= 0:
+        return []
+    last_call = record.trials >= spec.max_jobs and not any(v.active for v in views)
+    promoted = hyperband_promotions(
+        _trials(views), spec.min_resource, spec.max_resource, spec.objective, last_call=last_call
+    )
+    return promoted[:free]
 
 
 def decide(spec: TuningSpec, record: TuningRecord, views: Sequence[ChildView], now: float) -> Plan:
@@ -165,8 +279,10 @@ def decide(spec: TuningSpec, record: TuningRecord, views: Sequence[ChildView], n
         return Plan(
             stop=tuple(stoppable), ending=ending, finish=None if active else _finish(views, spec)
         )
-    launched = len(record.children)
-    if launched >= spec.max_jobs and not active:
+    free = spec.max_parallel - len(active)
+    promote = _promotions(spec, record, views, free)
+    if record.trials >= spec.max_jobs and not active and not promote:
         return Plan(finish=_finish(views, spec))
-    launch = max(0, min(spec.max_parallel - len(active), spec.max_jobs - launched))
-    return Plan(launch=launch, stop=tuple((n, "early") for n in _early_stops(spec, views)))
+    # Continuations are the same trials resumed: they hold slots, not budget.
+    launch = max(0, min(free - len(promote), spec.max_jobs - record.trials))
+    return Plan(launch=launch, stop=tuple(_early_stops(spec, views)), promote=tuple(promote))

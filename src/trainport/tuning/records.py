@@ -68,11 +68,15 @@ class Child:
     tuned: dict[str, str]
     state: str
     creation_time: float
-    # Why the tuning job stopped it, if it did: "early" (Hyperband, the median rule) or
-    # "tuning" (the tuning job was stopped or met a completion criterion).
+    # Why the tuning job stopped it, if it did: "early" (Hyperband, the median rule),
+    # "pause" (Hyperband paused it at a rung, its checkpoint kept, to resume it if it is
+    # promoted) or "tuning" (the tuning job was stopped or met a completion criterion).
     stop_reason: str | None = None
     ended: ChildEnd | None = None
     refusal: str | None = None
+    # The paused child this one continues (same values, same checkpoint folder); None
+    # for a trial's first child.
+    continues: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class TuningRecord:
     # Why the tuning job is ending before its budget is spent: "target", "not-improving",
     # "runtime", "failures"; None while it goes on.
     ending: str | None = None
+    # When ``TuningJobCompletionCriteria.ConvergenceDetected`` ended it.
+    convergence_time: float | None = None
     # The process driving it (the identity ``jobs.liveness`` gives): a driver adopts a
     # tuning job only when this one is gone.
     driver: tuple[int, int, str] | None = None
@@ -115,6 +121,19 @@ class TuningRecord:
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
+
+    def first_of_trial(self, name: str) -> Child:
+        """The first child of the trial ``name`` belongs to (itself, unless it continues
+        a paused one)."""
+        child = self.child(name)
+        while child.continues is not None:
+            child = self.child(child.continues)
+        return child
+
+    @property
+    def trials(self) -> int:
+        """How many trials (configurations) were started: continuations are not new ones."""
+        return sum(c.continues is None for c in self.children)
 
     def with_child(self, name: str, **changes: Any) -> TuningRecord:
         children = tuple(

@@ -311,11 +311,14 @@ class TuningService:
                 )
         if record.failure_reason:
             out["FailureReason"] = record.failure_reason
-        out["TuningJobCompletionDetails"] = {
+        details: dict[str, Any] = {
             "NumberOfTrainingJobsObjectiveNotImproving": not_improving(
                 self.views(record), spec.objective
             )
         }
+        if record.convergence_time is not None:
+            details["ConvergenceDetectedTime"] = record.convergence_time
+        out["TuningJobCompletionDetails"] = details
         end = record.end_time or time.time()
         out["ConsumedResources"] = {"RuntimeInSeconds": int(end - record.creation_time)}
         return out

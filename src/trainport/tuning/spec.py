@@ -51,6 +51,12 @@ _CHILD_FIELDS = (
 _ALGORITHM_FIELDS = ("TrainingImage", "TrainingInputMode", "MetricDefinitions")
 TUNING_OBJECTIVE = "_tuning_objective_metric"
 _MAX_RANGES = 30  # tunable hyperparameters per definition, as in SageMaker
+# ScalingType Auto: a positive range whose MaxValue / MinValue is at least this is searched
+# on a logarithmic scale.
+AUTO_LOG_SPAN = 100.0
+# The strategies a warm start informs: SageMaker's warm start chooses values "using either
+# Bayesian or random search".
+WARM_START_STRATEGIES = ("Bayesian", "Random")
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,12 @@ class Definition:
     objective: Objective
     static: dict[str, str]
 
+    @property
+    def resumes(self) -> bool:
+        """Whether its children keep checkpoints (CheckpointConfig), so that Hyperband
+        can pause one at a rung and resume it later instead of letting it run on."""
+        return bool(self.body.get("CheckpointConfig"))
+
 
 @dataclass(frozen=True)
 class TuningSpec:
@@ -102,6 +114,7 @@ class TuningSpec:
     stop_at_max_resource: bool = False
     target: float | None = None
     not_improving: int | None = None
+    complete_on_convergence: bool = False
     seed: int | None = None
     warm_start_parents: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = field(default_factory=tuple)
@@ -137,7 +150,7 @@ def _numeric_range(raw: dict[str, Any], kind: str, where: str) -> ParameterRange
         )
     scaling = raw.get("ScalingType", "Auto")
     if scaling == "Auto":
-        scaling = "Linear"  # the range's own scale: what Auto settles on for most ranges
+        scaling = auto_scaling(low, high)
     if scaling == "Logarithmic" and low <= 0:
         raise _refuse(
             f"{where}: Logarithmic scaling needs MinValue greater than 0 for hyperparameter "
@@ -149,6 +162,15 @@ def _numeric_range(raw: dict[str, Any], kind: str, where: str) -> ParameterRange
             f"0 <= MinValue <= MaxValue < 1 only (hyperparameter {raw['Name']!r})"
         )
     return ParameterRange(raw["Name"], kind, low, high, scaling)
+
+
+def auto_scaling(low: float, high: float) -> str:
+    """The scale ``ScalingType: Auto`` settles on: Logarithmic for a positive range that
+    spans at least two orders of magnitude (a learning rate from 1e-4 to 1e-1, say), where
+    a linear draw would almost never try the small values; Linear otherwise."""
+    if low > 0 and high / low >= AUTO_LOG_SPAN:
+        return "Logarithmic"
+    return "Linear"
 
 
 def _ranges(raw: dict[str, Any] | None, where: str) -> tuple[ParameterRange, ...]:
@@ -295,6 +317,13 @@ def parse_tuning_request(request: dict[str, Any], cache_dir: Path | None = None)
         "MaxNumberOfTrainingJobsNotImproving"
     )
     warm = request.get("WarmStartConfig") or {}
+    if warm and strategy not in WARM_START_STRATEGIES:
+        raise _refuse(
+            f"WarmStartConfig: a warm start is supported with Strategy "
+            f"{' or '.join(WARM_START_STRATEGIES)} only, not {strategy}; leave WarmStartConfig "
+            "out, or search with Bayesian or Random"
+        )
+    convergence = (criteria.get("ConvergenceDetected") or {}).get("CompleteOnConvergence")
     return TuningSpec(
         name=request["HyperParameterTuningJobName"],
         strategy=strategy,
@@ -308,6 +337,7 @@ def parse_tuning_request(request: dict[str, Any], cache_dir: Path | None = None)
         stop_at_max_resource=stop_at_max,
         target=criteria.get("TargetObjectiveMetricValue"),
         not_improving=not_improving,
+        complete_on_convergence=convergence == "Enabled",
         seed=config.get("RandomSeed"),
         warm_start_parents=tuple(
             p["HyperParameterTuningJobName"] for p in warm.get("ParentHyperParameterTuningJobs", ())
@@ -338,9 +368,15 @@ def with_objective(definition: Definition) -> dict[str, str]:
 
 
 def child_request(
-    spec: TuningSpec, definition: Definition, name: str, tuned: dict[str, str]
+    spec: TuningSpec,
+    definition: Definition,
+    name: str,
+    tuned: dict[str, str],
+    checkpoints_of: str | None = None,
 ) -> dict[str, Any]:
-    """The CreateTrainingJob request of the child ``name`` running ``tuned`` values."""
+    """The CreateTrainingJob request of the child ``name`` running ``tuned`` values.
+    ``checkpoints_of``: the first job of the trial this child continues, whose checkpoint
+    folder it seeds from and syncs to."""
     body = definition.body
     request: dict[str, Any] = {"TrainingJobName": name}
     request.update({k: body[k] for k in _CHILD_FIELDS if k in body})
@@ -350,8 +386,9 @@ def child_request(
     request["ResourceConfig"] = resource_config(body)
     checkpoint = body.get("CheckpointConfig")
     if checkpoint:
-        # Each child its own folder of checkpoints: children never resume each other.
-        uri = checkpoint["S3Uri"].rstrip("/") + "/" + name
+        # Each trial its own folder of checkpoints, named after its first job: a trial's
+        # continuation resumes from it, and other trials never see it.
+        uri = checkpoint["S3Uri"].rstrip("/") + "/" + (checkpoints_of or name)
         request["CheckpointConfig"] = {**checkpoint, "S3Uri": uri}
     if spec.tags:
         request["Tags"] = [{"Key": k, "Value": v} for k, v in spec.tags]

@@ -14,6 +14,18 @@ child first at a rung always goes on. This is asynchronous successive halving: n
 waits for a rung to fill, so ``MaxParallelTrainingJobs`` stays busy, and the strongest
 child is never stopped, so it trains to MaxResource.
 
+**Hyperband with checkpoints (pause and promote).** When the children keep checkpoints,
+a trial (a configuration, trained by one child and then by the continuations that resume
+its checkpoint) that reaches a rung goes on only if it is already among the best
+``1/eta`` of every trial that reached that rung (``rank < n // eta``); otherwise it is
+paused: its child is stopped, its checkpoint kept. A paused trial is promoted (continued
+by a new child) once it ranks within the best ``n // eta`` at its rung as more trials
+arrive; promotions take free slots before new trials do, highest rung first. When no new
+trial is left to start and nothing runs, the best paused trial of the highest rung is
+promoted, so the strongest trial always trains to MaxResource. This is ASHA as its
+paper has it; without checkpoints a promotion would retrain from the first epoch, so the
+rule above (run on, or stop) is used instead.
+
 **Median rule.** After epoch ``k`` a child is stopped when its value is worse than the
 median, over the children started before it that reached epoch ``k``, of their running
 averages up to epoch ``k``; it needs :data:`MEDIAN_MIN_PEERS` such children to judge.
@@ -27,7 +39,16 @@ from dataclasses import dataclass
 
 from trainport.tuning.spec import Objective
 
-__all__ = ["ETA", "MEDIAN_MIN_PEERS", "Progress", "hyperband_stops", "median_stops", "rungs"]
+__all__ = [
+    "ETA",
+    "MEDIAN_MIN_PEERS",
+    "Progress",
+    "hyperband_pauses",
+    "hyperband_promotions",
+    "hyperband_stops",
+    "median_stops",
+    "rungs",
+]
 
 ETA = 3  # Hyperband's reduction factor: one child in three goes on from each rung
 MEDIAN_MIN_PEERS = 3
@@ -41,6 +62,10 @@ class Progress:
     index: int
     points: tuple[tuple[float, float], ...]
     running: bool
+    # With checkpoints: how many of ``points`` the trial's earlier (paused) children
+    # trained, and whether its latest child was paused and not yet continued.
+    before: int = 0
+    paused: bool = False
 
 
 def rungs(min_resource: int, max_resource: int, eta: int = ETA) -> list[int]:
@@ -102,6 +127,95 @@ def hyperband_stops(
         ):
             out.append(child.name)
     return out
+
+
+def _rank_at(child: Progress, rung: int, peers: Sequence[Progress], objective: Objective) -> int:
+    """How many of ``peers`` did strictly better than ``child`` at ``rung``."""
+    value = child.points[rung - 1][1]
+    return sum(
+        1
+        for p in peers
+        if p.name != child.name
+        and len(p.points) >= rung
+        and objective.better(p.points[rung - 1][1], value)
+    )
+
+
+def _goes_on_at_arrival(
+    child: Progress, rung: int, peers: Sequence[Progress], objective: Objective
+) -> bool:
+    """Whether a trial reaching ``rung`` ranks, among the trials that reached it before
+    it and itself, within the best ``n // eta``: ASHA would promote it at once."""
+    stamp = (child.points[rung - 1][0], child.index)
+    earlier = [
+        p
+        for p in peers
+        if p.name != child.name
+        and len(p.points) >= rung
+        and (p.points[rung - 1][0], p.index) < stamp
+    ]
+    return _rank_at(child, rung, earlier, objective) < (len(earlier) + 1) // ETA
+
+
+def hyperband_pauses(
+    trials: Sequence[Progress],
+    min_resource: int,
+    max_resource: int,
+    objective: Objective,
+    *,
+    stop_at_max: bool = False,
+) -> tuple[list[str], list[str]]:
+    """With checkpoints: the running trials to pause now (at a rung their latest child
+    reached, not good enough to go on), and those to stop (``stop_at_max``: they have had
+    MaxResource epochs). Each decision reads only points recorded before it, so a
+    restarted driver decides the same."""
+    levels = rungs(min_resource, max_resource)
+    pauses, stops = [], []
+    for trial in trials:
+        if not trial.running:
+            continue
+        if stop_at_max and len(trial.points) >= max_resource:
+            stops.append(trial.name)
+            continue
+        # Only rungs this child reached: a rung an earlier child reached was judged then.
+        reached = [r for r in levels if trial.before < r <= len(trial.points)]
+        if any(not _goes_on_at_arrival(trial, r, trials, objective) for r in reached):
+            pauses.append(trial.name)
+    return pauses, stops
+
+
+def hyperband_promotions(
+    trials: Sequence[Progress],
+    min_resource: int,
+    max_resource: int,
+    objective: Objective,
+    *,
+    last_call: bool = False,
+) -> list[str]:
+    """The paused trials to continue, in the order to continue them (highest rung first,
+    then the best there). ``last_call``: no new trial is left to start and none runs; the
+    best paused trial of the highest rung is promoted even where its rung has fewer than
+    ``eta`` trials."""
+    levels = rungs(min_resource, max_resource)
+    ranked: list[tuple[int, int, str]] = []  # (-rung, rank, name)
+    best_left: tuple[int, int, str] | None = None
+    for trial in trials:
+        if not trial.paused or len(trial.points) >= max_resource:
+            continue
+        at = [r for r in levels if r <= len(trial.points)]
+        if not at:
+            continue
+        rung = at[-1]
+        rank = _rank_at(trial, rung, trials, objective)
+        n = sum(1 for p in trials if len(p.points) >= rung)
+        key = (-rung, rank, trial.name)
+        if rank < n // ETA:
+            ranked.append(key)
+        elif rank == 0 and (best_left is None or key < best_left):
+            best_left = key
+    if not ranked and last_call and best_left is not None:
+        return [best_left[2]]
+    return [name for _, _, name in sorted(ranked)]
 
 
 def median_stops(children: Sequence[Progress], objective: Objective) -> list[str]:

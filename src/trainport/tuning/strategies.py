@@ -6,7 +6,8 @@ proposal is a pure function of the tuning job's seed, the child's index and the 
 is given, so a driver that restarts proposes the same values again:
 
 - :class:`RandomSearch`: each value drawn on the range's scale from a generator seeded by
-  (seed, index); also what Hyperband draws its trials from.
+  (seed, index), drawn again (up to :data:`REDRAWS` times) where a warm start's parents
+  already trained those values; also what Hyperband draws its trials from.
 - :class:`GridSearch`: the Cartesian product of the categorical ranges, in the order given.
 - :class:`BayesianSearch`: Optuna's TPE sampler, fed the finished children (and a warm
   start's parents) as completed trials.
@@ -94,16 +95,33 @@ def _draw(rng: ParameterRange, gen: random.Random) -> Any:
     return gen.uniform(low, high)
 
 
+# Draws Random search makes for one child before it takes values a parent already trained:
+# a small space may hold nothing new.
+REDRAWS = 50
+
+
+def _key(definition: str | None, tuned: dict[str, str]) -> tuple[object, ...]:
+    return (definition, tuple(sorted(tuned.items())))
+
+
 @dataclass(frozen=True)
 class RandomSearch:
     definitions: tuple[Definition, ...]
     seed: int
+    # Values a warm start's parents trained already, as (definition, sorted values).
+    seen: frozenset[tuple[object, ...]] = frozenset()
 
     def propose(self, index: int, history: Sequence[Trial]) -> tuple[int, dict[str, str]]:
         which = index % len(self.definitions)
-        gen = random.Random(f"{self.seed}:{index}")
-        ranges = self.definitions[which].ranges
-        return which, {r.name: encode(r, _draw(r, gen)) for r in ranges}
+        d = self.definitions[which]
+        tuned: dict[str, str] = {}
+        for attempt in range(REDRAWS):
+            # The first draw is seeded as without a warm start: the same seed, the same values.
+            gen = random.Random(f"{self.seed}:{index}" + (f":{attempt}" if attempt else ""))
+            tuned = {r.name: encode(r, _draw(r, gen)) for r in d.ranges}
+            if _key(d.name, tuned) not in self.seen:
+                break
+        return which, tuned
 
 
 @dataclass(frozen=True)
@@ -201,11 +219,14 @@ def _optuna_params(d: Definition, trial: Trial) -> dict[str, Any] | None:
     return params
 
 
-def make_strategy(spec: TuningSpec, seed: int) -> Strategy:
-    """The strategy ``spec`` names; Hyperband draws its trials at random."""
+def make_strategy(spec: TuningSpec, seed: int, parents: Sequence[Trial] = ()) -> Strategy:
+    """The strategy ``spec`` names; Hyperband draws its trials at random. ``parents``: a
+    warm start's parents' children, which Random search does not train again."""
     if spec.strategy == "Grid":
         return GridSearch(spec.definitions)
     if spec.strategy == "Bayesian":
         startup = min(10, max(2, spec.max_jobs // 5))
         return BayesianSearch(spec.definitions, seed, spec.objective.minimize, startup)
-    return RandomSearch(spec.definitions, seed)
+    return RandomSearch(
+        spec.definitions, seed, frozenset(_key(t.definition, t.tuned) for t in parents)
+    )

@@ -1,0 +1,151 @@
+"""The pure parts of what a tuning job does beyond a plain search: Hyperband pausing and
+resuming trials that keep checkpoints, ConvergenceDetected, ScalingType Auto, and Random
+search after a warm start."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainport.tuning.plan import ChildView, best_child, converged, decide
+from trainport.tuning.records import Child, ChildState, TuningRecord
+from trainport.tuning.spec import (
+    Definition,
+    Objective,
+    ParameterRange,
+    TuningSpec,
+    auto_scaling,
+)
+from trainport.tuning.stopping import Progress, hyperband_pauses, hyperband_promotions
+from trainport.tuning.strategies import RandomSearch, _key
+
+MIN = Objective("loss", minimize=True)
+SHIFT = ParameterRange("shift", "Continuous", 0, 6)
+
+
+def _trial(name: str, index: int, values: list[float], start: float, **kw: Any) -> Progress:
+    points = tuple((start + i, v) for i, v in enumerate(values))
+    return dataclasses.replace(Progress(name, index, points, True), **kw)
+
+
+def test_a_trial_pauses_at_a_rung_unless_it_is_already_among_the_best_third() -> None:
+    first = _trial("a", 0, [2.0], 0, running=False, paused=True)
+    second = _trial("b", 1, [3.0], 1)
+    # Two at the rung: none goes on yet (n // 3 == 0).
+    assert hyperband_pauses([first, second], 1, 9, MIN) == (["b"], [])
+    third = _trial("c", 2, [1.0], 2)
+    assert hyperband_pauses([first, second, third], 1, 9, MIN) == (["b"], [])
+    # A continuation is judged only at rungs it reached itself.
+    resumed = _trial("a-r1", 0, [2.0, 1.5], 0, before=1)
+    assert "a-r1" not in hyperband_pauses([resumed, second, third], 1, 9, MIN)[0]
+
+
+def test_promotions_take_the_best_third_and_the_last_call_takes_the_best() -> None:
+    paused = [
+        _trial(f"p{i}", i, [v], i, running=False, paused=True) for i, v in enumerate([3, 1, 2])
+    ]
+    assert hyperband_promotions(paused, 1, 9, MIN) == ["p1"]
+    # Two at rung 3, none running and no new trial left: the better one goes on.
+    high = [
+        _trial("h0", 0, [1, 0.9, 0.8], 0, running=False, paused=True),
+        _trial("h1", 1, [1, 0.7, 0.6], 0, running=False, paused=True),
+    ]
+    assert hyperband_promotions(high, 1, 9, MIN) == []
+    assert hyperband_promotions(high, 1, 9, MIN, last_call=True) == ["h1"]
+
+
+@dataclass
+class _Job:
+    shift: float
+    start: int
+    status: str = "InProgress"
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+def test_a_hyperband_run_with_checkpoints_trains_fewer_epochs_and_completes_the_best() -> None:
+    """The whole loop on a fake clock: each running child reports one epoch a tick."""
+    body = {"CheckpointConfig": {"S3Uri": "s3://ckpt"}}
+    definition = Definition(None, body, (SHIFT,), MIN, {})
+    spec = TuningSpec("t", "Hyperband", (definition,), 6, 2, max_resource=9)
+    shifts = [5.0, 2.0, 4.5, 3.1, 0.5, 3.0]
+    record = TuningRecord("t", "arn", {}, 0.0, seed=1)
+    jobs: dict[str, _Job] = {}
+    finish = None
+    for tick in range(1, 100):
+        for job in jobs.values():
+            epoch = job.start + len(job.points)
+            if job.status == "InProgress" and epoch == 9:
+                job.status = "Completed"
+            elif job.status == "InProgress":
+                job.points.append((tick, (job.shift - 3) ** 2 + 1 / (epoch + 1)))
+        views = [
+            ChildView(c, jobs[c.name].status, tuple(jobs[c.name].points), 0, tick)
+            for c in record.children
+        ]
+        plan = decide(spec, record, views, tick)
+        if plan.finish:
+            finish = plan.finish
+            break
+        for name, why in plan.stop:
+            jobs[name].status = "Stopped"
+            record = record.with_child(name, stop_reason=why)
+        new = []
+        for paused in plan.promote:
+            name = f"{record.first_of_trial(paused).name}-r"
+            was = jobs[paused]
+            jobs[name] = _Job(was.shift, was.start + len(was.points))
+            new.append(Child(0, name, None, {}, "created", tick, continues=paused))
+        for trial in range(record.trials, record.trials + plan.launch):
+            jobs[f"t{trial}"] = _Job(shifts[trial], 0)
+            new.append(Child(0, f"t{trial}", None, {}, "created", tick))
+        new = [dataclasses.replace(c, index=len(record.children) + i) for i, c in enumerate(new)]
+        record = dataclasses.replace(record, children=record.children + tuple(new))
+    assert finish == ("Completed", None)
+    assert record.trials == 6
+    # The best trial (shift 3) was paused at rung 3 and resumed there, to MaxResource.
+    best = best_child(views, MIN)
+    assert best is not None and best.child.name == "t5-r"
+    assert jobs["t5-r"].start == 3 and jobs["t5-r"].status == "Completed"
+    # 16 epochs in all, against 54 for six full trials; restarting would cost 3 more.
+    assert sum(len(j.points) for j in jobs.values()) == 16
+
+
+def _ended(values: list[float]) -> list[ChildView]:
+    return [
+        ChildView(
+            Child(i, f"c{i}", None, {}, ChildState.CREATED.value, 0.0),
+            "Completed",
+            ((0.0, v),),
+            0,
+            i,
+        )
+        for i, v in enumerate(values)
+    ]
+
+
+def test_convergence_is_no_more_than_one_percent_gain_over_the_last_children() -> None:
+    # A window of 3 (MaxNumberOfTrainingJobs 20): at least 6 ended.
+    assert not converged(_ended([5, 4, 3, 3, 3]), MIN, 20)
+    assert converged(_ended([5, 4, 3, 3.01, 2.99, 3.5]), MIN, 20)
+    assert not converged(_ended([5, 4, 3, 3.01, 2.5, 3.5]), MIN, 20)
+    assert not converged(_ended([5, 4, 3, 3, 3, 3]), MIN, 40)  # a window of 4
+
+
+def test_scaling_auto_is_logarithmic_over_two_orders_of_magnitude() -> None:
+    assert auto_scaling(1e-4, 1e-1) == "Logarithmic"
+    assert auto_scaling(1, 100) == "Logarithmic"
+    assert auto_scaling(1, 99) == "Linear"
+    assert auto_scaling(0, 1000) == "Linear"
+
+
+def test_random_search_skips_values_a_warm_start_parent_trained() -> None:
+    shift = ParameterRange("shift", "Categorical", values=("0", "1", "2", "3"))
+    d = Definition(None, {}, (shift,), MIN, {})
+    seen = frozenset(_key(None, {"shift": v}) for v in ("0", "1", "3"))
+    plain = RandomSearch((d,), seed=4)
+    warm = RandomSearch((d,), seed=4, seen=seen)
+    assert [warm.propose(i, [])[1] for i in range(6)] == [{"shift": "2"}] * 6
+    # Values no parent trained are drawn as without a warm start.
+    same = [i for i in range(20) if plain.propose(i, [])[1] == {"shift": "2"}]
+    assert all(warm.propose(i, [])[1] == {"shift": "2"} for i in same)
