@@ -41,7 +41,7 @@ from typing import Any
 
 from distributed_hosts import Hosts, run_ranks
 
-METHODS = ["ddp", "balanced", "naive", "bal-coll", "sync"]
+METHODS = ["ddp", "balanced", "naive", "bal-coll", "sync", "hierarchical"]
 DEFAULT_METHODS = METHODS[:3]
 ALONE = "alone"
 GOAL = 0.9

@@ -44,6 +44,15 @@ def test_gradients_equal_default_ddp(ranks: Callable[[int], Reports], world: int
             assert len(sizes) >= 2 and any(size % world for size in sizes), sizes
 
 
+def test_hierarchical_gradients_equal_default_ddp(tmp_path: Path) -> None:
+    # 2 hosts of 2 ranks: sum within each host, balanced across the leaders, broadcast.
+    args = {"algorithms": ["hierarchical"], "per_host": 2}
+    for report in launch(4, "gradients", tmp_path, timeout=180, args=args):
+        diffs = report["gradients"]["diff"]
+        assert set(diffs) == {"hierarchical@0.002", "hierarchical@25.0"}
+        assert max(diffs.values()) <= 1e-6, diffs
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_bytes_per_rank_are_balanced(ranks: Callable[[int], Reports], world: int) -> None:
     for report in ranks(world):

@@ -58,7 +58,9 @@ def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
             hooked = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
             # "balanced:collectives": the balanced reduction on gloo's own collectives.
             name, _, transport = algorithm.partition(":")
-            reducer = register_sharded_hook(hooked, algorithm=name, transport=transport or None)
+            reducer = register_sharded_hook(
+                hooked, algorithm=name, transport=transport or None, per_host=args.get("per_host")
+            )
             opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
             opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.1)
             worst = 0.0

@@ -47,7 +47,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from trainport.distributed.errors import ReductionError
+from trainport.distributed.errors import ReductionError, TopologyError
+from trainport.distributed.hierarchy import (
+    HierarchicalStream,
+    HostGroups,
+    hierarchical_average,
+)
 from trainport.distributed.reduction import (
     ALGORITHMS,
     Algorithm,
@@ -58,6 +63,7 @@ from trainport.distributed.reduction import (
     carrier,
     pieces,
 )
+from trainport.distributed.topology import topology_from_env
 from trainport.distributed.trace import ByteCount, ByteCounter, Timeline, now_us
 
 __all__ = ["ShardedReducer", "register_sharded_hook", "sharded_hook"]
@@ -101,13 +107,26 @@ class ShardedReducer:
         dedicated_group: bool = True,
         trace_events: int = 200_000,
         transport: Transport | str | None = None,
+        per_host: int | None = None,
     ) -> None:
         self.algorithm = Algorithm(algorithm)
-        self._reduce = ALGORITHMS[self.algorithm]
-        if self.algorithm is Algorithm.BALANCED:  # the CUDA path reduces through this
-            self._reduce = functools.partial(balanced_average, transport=transport)
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
+        self._hierarchy: HierarchicalStream | None = None
+        if self.algorithm is Algorithm.HIERARCHICAL:
+            # Its groups are its own (made collectively here), within and across hosts.
+            if process_group not in (None, dist.group.WORLD):
+                raise TopologyError("the hierarchical reduction runs on the default group only")
+            per_host = per_host or topology_from_env().local_world_size
+            hosts = HostGroups.create(per_host)
+            # CPU buckets take the pipelined stream; CUDA ones on NCCL the plain function.
+            self._hierarchy = HierarchicalStream(hosts, Scratch(), transport=transport)
+            self._reduce: Any = functools.partial(_hierarchical, hosts=hosts, transport=transport)
+            dedicated_group = False
+        elif self.algorithm is Algorithm.BALANCED:  # the CUDA path reduces through this
+            self._reduce = functools.partial(balanced_average, transport=transport)
+        else:
+            self._reduce = ALGORITHMS[self.algorithm]
         if dedicated_group and self.world_size > 1:
             ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
             backend = str(dist.get_backend(process_group))
@@ -165,6 +184,8 @@ class ShardedReducer:
             if job is None:
                 self._guard(self._stream.flush)
                 self._stream.close()
+                if self._hierarchy is not None:
+                    self._hierarchy.close()
                 return
             if self._failure is not None:
                 _fail(job.future, ReductionError(f"an earlier reduction failed: {self._failure}"))
@@ -176,10 +197,15 @@ class ShardedReducer:
                 except Exception as exc:
                     self._failed(job, exc)
                     continue
-            if self.algorithm is Algorithm.BALANCED and (
-                job.ready_event is None or job.host is not None
-            ):
+            on_host = job.ready_event is None or job.host is not None
+            if self.algorithm is Algorithm.BALANCED and on_host:
                 self._guard(functools.partial(self._push, job, start), job)
+                continue
+            if self._hierarchy is not None and on_host:
+                try:
+                    self._push_hierarchical(self._hierarchy, job, start)
+                except Exception as exc:
+                    self._failed(job, exc)
                 continue
             try:
                 count = self._run(job)
@@ -205,6 +231,22 @@ class ShardedReducer:
         # timing (the next bucket may be long in coming); only landing is left for later.
         self._stream.settle()
         piece_done(None)
+
+    def _push_hierarchical(self, stream: HierarchicalStream, job: _Job, start: int) -> None:
+        """Pipelined hierarchical path: the bucket completes once broadcast in its host."""
+        tally: list[ByteCount] = []
+        known = threading.Event()  # the tally is set before the bucket can complete
+
+        def done(error: BaseException | None) -> None:
+            known.wait()
+            self._finished(job, start, tally[0], error)
+
+        try:
+            tally.append(stream.push(job.tensor, done))
+        finally:
+            if not tally:
+                tally.append(ByteCount())
+            known.set()
 
     def _guard(self, action: Callable[[], None], job: _Job | None = None) -> None:
         """Run a stream action; on failure, fail ``job`` and every bucket in flight."""
@@ -330,6 +372,17 @@ class _Progress:
             return self._remaining == 0
 
 
+def _hierarchical(
+    flat: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    scratch: Scratch | None,
+    *,
+    hosts: HostGroups,
+    transport: Transport | str | None,
+) -> ByteCount:
+    return hierarchical_average(flat, hosts, scratch, transport=transport)
+
+
 def _fail(future: torch.futures.Future[torch.Tensor], error: BaseException) -> None:
     # torch annotates set_exception as taking the result type; it takes an exception.
     future.set_exception(error)  # type: ignore[arg-type]
@@ -357,6 +410,7 @@ def register_sharded_hook(
     algorithm: Algorithm | str = Algorithm.BALANCED,
     dedicated_group: bool = True,
     transport: Transport | str | None = None,
+    per_host: int | None = None,
 ) -> ShardedReducer:
     """Create a :class:`ShardedReducer` for ``model``'s process group and register its hook.
 
@@ -368,6 +422,7 @@ def register_sharded_hook(
         algorithm=algorithm,
         dedicated_group=dedicated_group,
         transport=transport,
+        per_host=per_host,
     )
     model.register_comm_hook(reducer, sharded_hook)
     return reducer

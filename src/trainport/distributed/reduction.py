@@ -96,6 +96,8 @@ class Algorithm(StrEnum):
     RING = "ring"
     BALANCED = "balanced"
     NAIVE = "naive"
+    # Within each host, then balanced across hosts (see hierarchy.py; the hook only).
+    HIERARCHICAL = "hierarchical"
 
 
 class Transport(StrEnum):

@@ -141,7 +141,15 @@ def _is_smddp(group: Group) -> bool:
 
 
 def _attach(model: TorchDDP) -> ShardedReducer:
-    reducer = ShardedReducer(model.process_group, algorithm=Algorithm.BALANCED)
+    """The balanced hook; with several ranks on each of several hosts, the hierarchical
+    one (within each host first), as SMDDP uses a host's GPUs."""
+    topology = launch_topology(os.environ)
+    hosts_of_many = topology.local_world_size > 1 and topology.num_nodes > 1
+    on_world = model.process_group in (None, dist.group.WORLD)
+    algorithm = Algorithm.HIERARCHICAL if hosts_of_many and on_world else Algorithm.BALANCED
+    reducer = ShardedReducer(
+        model.process_group, algorithm=algorithm, per_host=topology.local_world_size
+    )
     model.register_comm_hook(reducer, sharded_hook)
     setattr(model, "_trainport_reducer", reducer)  # noqa: B010 (nn.Module types its attributes)
     return reducer
