@@ -38,7 +38,8 @@ from pathlib import Path
 from trainport.config import load_settings
 from trainport.host.channels import resolve_channel, stage_file_channel
 from trainport.spec import ChannelSpec
-from trainport.store.api import ObjectStore, open_store
+from trainport.store.api import ObjectStore
+from trainport.store.registry import open_store
 
 GOAL_RATIO = 0.9
 BUCKET = "bench"

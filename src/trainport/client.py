@@ -23,7 +23,8 @@ from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, 
 from trainport.jobs.db import ListQuery
 from trainport.jobs.records import ECHOED_REQUEST_FIELDS, JobRecord, MetricPoint, Transition
 from trainport.jobs.status import Status
-from trainport.store.api import ObjectStore, open_store
+from trainport.store.api import ObjectStore
+from trainport.store.registry import open_store
 
 __all__ = ["RemoteJobService"]
 

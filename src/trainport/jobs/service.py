@@ -40,9 +40,10 @@ from trainport.jobs import liveness
 from trainport.jobs.db import JobDB, JobSummary, ListQuery
 from trainport.jobs.records import JobRecord, Transition
 from trainport.jobs.status import Finished, Phase, Status, StopRequested, advance
-from trainport.runners.api import select_runner
+from trainport.runners.registry import select_runner
 from trainport.spec import JobSpec, confined_uri, parse_request
-from trainport.store.api import ObjectStore, S3Uri, open_store
+from trainport.store.api import ObjectStore, S3Uri
+from trainport.store.registry import open_store
 
 __all__ = ["JobService", "LogLine", "in_queue", "is_orphan"]
 

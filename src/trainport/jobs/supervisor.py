@@ -52,7 +52,6 @@ from trainport.jobs.status import (
     goes_back,
 )
 from trainport.placement import HostGroup, LocalHosts
-from trainport.runners.api import select_runner
 from trainport.runners.netns import (
     HostNetwork,
     JobLoopback,
@@ -61,8 +60,10 @@ from trainport.runners.netns import (
     firewall_problem,
     netns_problem,
 )
+from trainport.runners.registry import select_runner
 from trainport.spec import JobSpec, parse_request
-from trainport.store.api import ObjectStore, open_store
+from trainport.store.api import ObjectStore
+from trainport.store.registry import open_store
 
 __all__ = ["supervise"]
 

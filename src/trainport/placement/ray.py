@@ -56,7 +56,8 @@ from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.runners.netns import JobLoopback, netns_problem
 from trainport.runners.overlay import NodeNetwork, Overlay, OverlayHost, node_network, plan_overlay
-from trainport.store.api import S3Uri, open_store
+from trainport.store.api import S3Uri
+from trainport.store.registry import open_store
 
 __all__ = [
     "HostActor",
@@ -311,7 +312,7 @@ class HostActor:
         ``peers`` are the other hosts' actors, for an MPI job: algo-1's mpirun reaches
         their daemons through them. ``overlay``: the job's network, of which this node
         makes the host's part (None: the host has the node's network)."""
-        from trainport.runners.api import select_runner
+        from trainport.runners.registry import select_runner
 
         board = None
         if peers is not None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from trainport.errors import SandboxError, ValidationError
+from trainport.errors import ValidationError
 
 if TYPE_CHECKING:
     from trainport.runners.limits import Limits
@@ -24,7 +24,6 @@ __all__ = [
     "Placement",
     "Runner",
     "pid_alive",
-    "select_runner",
 ]
 
 log = logging.getLogger(__name__)
@@ -184,34 +183,6 @@ class Runner(ABC):
             raise ValidationError(
                 f"the training command {placement.argv[0]!r} is not executable; chmod +x it"
             ) from exc
-
-
-def select_runner(name: str, *, verified: bool = False) -> Runner:
-    """The runner called ``name``; "auto" is the sandbox where it works, else processes.
-
-    ``verified`` skips the sandbox probe for a choice already checked on this machine
-    (a job's supervisor runs the runner its submission chose).
-    """
-    from trainport.runners.process import ProcessRunner
-    from trainport.runners.sandbox import SandboxRunner, sandbox_problem
-
-    if name == "process":
-        log.warning("%s", PROCESS_RUNNER_WARNING)
-        return ProcessRunner()
-    if name == "sandbox" and verified:
-        return SandboxRunner()
-    problem = sandbox_problem()
-    if name == "sandbox":
-        if problem:
-            raise SandboxError(
-                f"the sandbox runner cannot work on this machine: {problem}. "
-                "Use --runner process (no isolation) or install bubblewrap"
-            )
-        return SandboxRunner()
-    if problem:
-        log.warning("sandbox unavailable (%s); %s", problem, PROCESS_RUNNER_WARNING)
-        return ProcessRunner()
-    return SandboxRunner()
 
 
 # Signals trainport forwards to the training process group.

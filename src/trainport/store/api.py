@@ -7,14 +7,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from trainport.errors import ValidationError
 
-if TYPE_CHECKING:
-    from trainport.config import Settings
-
-__all__ = ["ObjectInfo", "ObjectStore", "S3Uri", "open_store"]
+__all__ = ["ObjectInfo", "ObjectStore", "S3Uri"]
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{0,254}$")
 
@@ -102,18 +99,3 @@ class ObjectStore(ABC):
         with self.open_stream(bucket, key) as stream:
             while block := stream.read(chunk):
                 yield block
-
-
-def open_store(settings: Settings) -> ObjectStore:
-    """The store the settings select: the embedded local store or an S3-compatible endpoint."""
-    if settings.store_kind == "s3":
-        from trainport.store.s3 import S3Store
-
-        return S3Store(
-            endpoint_url=settings.s3_endpoint_url,
-            region=settings.region,
-            max_connections=settings.download_workers + 4,
-        )
-    from trainport.store.local import LocalStore
-
-    return LocalStore(settings.store_root)
