@@ -9,13 +9,17 @@ plain torchrun and real SageMaker (it imports nothing else of trainport).
 - :func:`register_sharded_hook` / :class:`ShardedReducer`: a DDP communication hook that
   reduces gradient buckets on one communication thread with SageMaker's balanced sharded
   reduction (or a ring all-reduce, or a naive parameter server, for comparison), counting
-  bytes sent and received and recording a Chrome-trace timeline per rank.
+  bytes sent and received and recording a Chrome-trace timeline per rank; ``hierarchical``
+  reduces within each host first where hosts run several ranks (:mod:`.hierarchy`).
+- :mod:`.smddp`: SageMaker's data-parallel library's PyTorch API on these, for jobs that
+  ask for it.
 - :mod:`.reduction`: the three reductions on a flat tensor, usable without DDP.
 """
 
 from __future__ import annotations
 
 from trainport.distributed.errors import DistributedError, ReductionError, TopologyError
+from trainport.distributed.hierarchy import HostGroups, hierarchical_average
 from trainport.distributed.hook import ShardedReducer, register_sharded_hook, sharded_hook
 from trainport.distributed.process_group import (
     choose_backend,
@@ -48,6 +52,7 @@ __all__ = [
     "ByteCount",
     "ByteCounter",
     "DistributedError",
+    "HostGroups",
     "Launcher",
     "ReductionError",
     "Scratch",
@@ -59,6 +64,7 @@ __all__ = [
     "choose_backend",
     "destroy_process_group",
     "device_backend",
+    "hierarchical_average",
     "init_process_group",
     "merge_traces",
     "naive_average",
