@@ -4,21 +4,31 @@ The CLI uses it when given ``--endpoint`` (or ``TRAINPORT_ENDPOINT``): the same 
 but jobs go through the server (and its scheduler). It talks the SageMaker and CloudWatch
 Logs APIs with boto3, so it is also a worked example of pointing boto3 at trainport.
 
-Credentials come from the usual AWS chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
-profiles); when none are configured and the server's key file is under this machine's
-``TRAINPORT_HOME``, its first key is used. Objects the CLI uploads (script-mode sources,
-local channel folders) go to the store this process is configured with, which must be the
-server's too (the same ``TRAINPORT_HOME``, or the same S3-compatible endpoint).
+Which key signs the requests, first found first:
+
+1. ``TRAINPORT_ACCESS_KEY_ID``/``TRAINPORT_SECRET_ACCESS_KEY``, when set;
+2. the server's own key, when the server keeps its keys under this machine's
+   ``TRAINPORT_HOME`` (``TRAINPORT_SERVER_KEYS``, or its key file): a server on the same
+   home needs nothing configured;
+3. the AWS profile ``TRAINPORT_PROFILE`` names (``trainport`` by default) in the AWS shared
+   credentials file, when it has one.
+
+The user's own AWS credentials (``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``, ``~/.aws``) are
+used only when asked (``trainport --aws-credentials``, or ``TRAINPORT_AWS_CREDENTIALS=1``):
+they are for AWS, and a trainport server does not know them. Instance metadata (EC2, ECS)
+is never asked for credentials. A loopback endpoint is reached directly, whatever proxy
+the environment names. Objects the CLI uploads (script-mode sources, local channel
+folders) go to the store this process is configured with, which must be the server's too
+(the same ``TRAINPORT_HOME``, or the same S3-compatible endpoint).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from trainport.config import Settings, load_settings
+from trainport.config import ClientKey, Settings, client_key, load_settings
 from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, ValidationError
 from trainport.jobs.db import ListQuery
 from trainport.jobs.records import ECHOED_REQUEST_FIELDS, JobRecord, MetricPoint, Transition
@@ -83,7 +93,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _translate(exc: Exception) -> TrainportError:
+_REFUSED_KEY = ("UnrecognizedClientException", "InvalidSignatureException")
+_LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+def _translate(exc: Exception, key: ClientKey | None = None, endpoint: str = "") -> TrainportError:
     from botocore.exceptions import ClientError
 
     if isinstance(exc, ClientError):
@@ -91,42 +105,93 @@ def _translate(exc: Exception) -> TrainportError:
         message = exc.response.get("Error", {}).get("Message", str(exc))
         if code == "ResourceInUse":
             return ResourceInUseError(message)
+        if code in _REFUSED_KEY and key is not None:
+            return ValidationError(
+                f"the server at {endpoint} does not accept the access key {key.key_id} "
+                f"({key.source}): set TRAINPORT_ACCESS_KEY_ID/TRAINPORT_SECRET_ACCESS_KEY "
+                "to the key `trainport server` printed, or use the server's TRAINPORT_HOME"
+            )
         if "not found" in message.lower():
             return NotFoundError(message)
         return ValidationError(f"{code}: {message}")
-    return TrainportError(f"cannot talk to the trainport server: {exc}")
+    return TrainportError(f"cannot talk to the trainport server at {endpoint}: {exc}")
+
+
+def _loopback(endpoint: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = urlsplit(endpoint).hostname or ""
+    return host.startswith(_LOOPBACK) or host in ("localhost", "::1")
+
+
+def _aws_credentials(session: Any) -> ClientKey:
+    """The user's AWS credentials, from the variables, profiles and files only: the
+    instance-metadata providers are taken out of the chain first."""
+    from botocore.exceptions import BotoCoreError
+
+    resolver = session._session.get_component("credential_provider")
+    for name in ("iam-role", "container-role"):
+        if resolver.get_provider(name) is not None:
+            resolver.remove(name)
+    try:
+        found = session.get_credentials()
+    except BotoCoreError as exc:
+        raise ValidationError(
+            f"--aws-credentials: cannot read your AWS credentials: {exc}"
+        ) from exc
+    if found is None:
+        raise ValidationError(
+            "--aws-credentials: no AWS credentials found (AWS_ACCESS_KEY_ID/"
+            "AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials)"
+        )
+    frozen = found.get_frozen_credentials()
+    return ClientKey(frozen.access_key, frozen.secret_key, "your AWS credentials", frozen.token)
 
 
 class RemoteJobService:
     """The subset of JobService the CLI uses, over HTTP."""
 
-    def __init__(self, endpoint: str, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        settings: Settings | None = None,
+        *,
+        aws_credentials: bool | None = None,
+    ) -> None:
         import boto3
+        import botocore.config
 
         self.endpoint = endpoint
         self.settings = settings or load_settings()
         session = boto3.session.Session()
-        kwargs: dict[str, Any] = {"endpoint_url": endpoint, "region_name": self.settings.region}
-        if session.get_credentials() is None:
-            kwargs.update(self._local_keys())
+        if aws_credentials is None:
+            aws_credentials = self.settings.use_aws_credentials
+        self.key = _aws_credentials(session) if aws_credentials else self._trainport_key()
+        config = botocore.config.Config(proxies={}) if _loopback(endpoint) else None
+        kwargs: dict[str, Any] = {
+            "endpoint_url": endpoint,
+            "region_name": self.settings.region,
+            "aws_access_key_id": self.key.key_id,
+            "aws_secret_access_key": self.key.secret,
+            "aws_session_token": self.key.token,
+            "config": config,
+        }
         self._sm = session.client("sagemaker", **kwargs)
         self._logs = session.client("logs", **kwargs)
         self._store: ObjectStore | None = None
 
-    def _local_keys(self) -> dict[str, str]:
+    def _trainport_key(self) -> ClientKey:
+        """The key of the module docstring's list; an error that says where to put one."""
+        found = client_key(self.settings)
+        if found is not None:
+            return found
         path = self.settings.server_keys_path
-        if self.settings.server_keys:
-            key_id, secret = self.settings.server_keys[0]
-        elif path.exists():
-            first = json.loads(path.read_text())["AccessKeys"][0]
-            key_id, secret = first["AccessKeyId"], first["SecretAccessKey"]
-        else:
-            raise ValidationError(
-                f"no AWS credentials for the server at {self.endpoint}: set "
-                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY to the key `trainport server` "
-                f"printed, or run on the server's machine ({path} is missing)"
-            )
-        return {"aws_access_key_id": key_id, "aws_secret_access_key": secret}
+        raise ValidationError(
+            f"no key for the server at {self.endpoint}: set TRAINPORT_ACCESS_KEY_ID and "
+            "TRAINPORT_SECRET_ACCESS_KEY to the key `trainport server` printed, or run on the "
+            f"server's machine with its TRAINPORT_HOME ({path} is missing); "
+            "--aws-credentials signs with your AWS credentials instead"
+        )
 
     @property
     def store(self) -> ObjectStore:
@@ -140,7 +205,7 @@ class RemoteJobService:
         try:
             result: dict[str, Any] = getattr(client, operation)(**params)
         except (BotoCoreError, ClientError) as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.key, self.endpoint) from exc
         return result
 
     def sagemaker(self, operation: str, **params: Any) -> dict[str, Any]:

@@ -30,8 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from trainport.errors import ValidationError
+from trainport.instances import parse_instance_types
 
-__all__ = ["RoleCredentials", "Settings", "load_role_credentials", "load_settings"]
+__all__ = [
+    "ClientKey",
+    "RoleCredentials",
+    "Settings",
+    "client_key",
+    "load_role_credentials",
+    "load_settings",
+]
 
 DEFAULT_STOP_GRACE_SECONDS = 120.0
 DEFAULT_CHECKPOINT_SYNC_SECONDS = 30.0
@@ -98,7 +106,7 @@ class Settings:
     # RAY_ADDRESS: the cluster the ray runner places hosts on (None: ray.init's default).
     ray_address: str | None = None
     # TRAINPORT_RAY_INSTANCE_TYPES: JSON sizes of instance types (CPUs, GPUs, memory) for
-    # the ray runner, beside or over its own table (trainport.placement.capacity).
+    # the ray runner, beside or over its own table (trainport.instances).
     ray_instance_types: str = ""
     # The embedded store's folder when it is not under ``home``: a host agent on a Ray
     # node keeps its work under a home of its own but reads the submitter's store.
@@ -106,6 +114,15 @@ class Settings:
     # RoleArn -> the credentials its jobs get (TRAINPORT_ROLE_CREDENTIALS, or roles.json
     # under home); a role not listed gets none.
     role_credentials: tuple[tuple[str, RoleCredentials], ...] = ()
+    # A client of a server (see trainport.client): TRAINPORT_ACCESS_KEY_ID and
+    # TRAINPORT_SECRET_ACCESS_KEY; the AWS profile TRAINPORT_PROFILE (default "trainport")
+    # in the shared credentials file (AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials);
+    # TRAINPORT_AWS_CREDENTIALS=1: sign with the user's AWS credentials instead.
+    client_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    client_profile: str = "trainport"
+    client_profile_explicit: bool = False
+    shared_credentials_file: Path | None = None
+    use_aws_credentials: bool = False
 
     def credentials_for(self, role_arn: str | None) -> RoleCredentials | None:
         return dict(self.role_credentials).get(role_arn or "")
@@ -205,7 +222,87 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         ray_address=env.get("RAY_ADDRESS") or None,
         ray_instance_types=_instance_types(env.get("TRAINPORT_RAY_INSTANCE_TYPES") or ""),
         role_credentials=load_role_credentials(env, home),
+        client_keys=_client_keys(env),
+        client_profile=env.get("TRAINPORT_PROFILE") or "trainport",
+        client_profile_explicit=bool(env.get("TRAINPORT_PROFILE")),
+        shared_credentials_file=Path(
+            env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"
+        ).expanduser(),
+        use_aws_credentials=_flag(env, "TRAINPORT_AWS_CREDENTIALS"),
     )
+
+
+def _client_keys(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    key_id = env.get("TRAINPORT_ACCESS_KEY_ID") or ""
+    secret = env.get("TRAINPORT_SECRET_ACCESS_KEY") or ""
+    if bool(key_id) != bool(secret):
+        missing = "TRAINPORT_SECRET_ACCESS_KEY" if key_id else "TRAINPORT_ACCESS_KEY_ID"
+        raise ValidationError(
+            f"{missing} is not set: set TRAINPORT_ACCESS_KEY_ID and "
+            "TRAINPORT_SECRET_ACCESS_KEY together (the key `trainport server` printed)"
+        )
+    return ((key_id, secret),) if key_id else ()
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """The key a client signs its requests to a server with, and where it was found (said
+    in an error when the server does not accept it)."""
+
+    key_id: str
+    secret: str = field(repr=False)
+    source: str
+    token: str | None = field(default=None, repr=False)
+
+
+def client_key(settings: Settings) -> ClientKey | None:
+    """A key for a trainport server, in the order :mod:`trainport.client` lists; None when
+    nothing of trainport's names one (the user's AWS credentials are not looked at)."""
+    if settings.client_keys:
+        key_id, secret = settings.client_keys[0]
+        return ClientKey(key_id, secret, "TRAINPORT_ACCESS_KEY_ID")
+    if settings.client_profile_explicit:
+        return _profile_key(settings, required=True)
+    if settings.server_keys:
+        key_id, secret = settings.server_keys[0]
+        return ClientKey(key_id, secret, "TRAINPORT_SERVER_KEYS")
+    path = settings.server_keys_path
+    if path.exists():
+        try:
+            first = json.loads(path.read_text())["AccessKeys"][0]
+            key_id, secret = first["AccessKeyId"], first["SecretAccessKey"]
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ValidationError(
+                f"the server's key file {path} cannot be read ({exc}); set "
+                "TRAINPORT_ACCESS_KEY_ID/TRAINPORT_SECRET_ACCESS_KEY instead"
+            ) from exc
+        return ClientKey(key_id, secret, f"the server's key file {path}")
+    return _profile_key(settings, required=False)
+
+
+def _profile_key(settings: Settings, *, required: bool) -> ClientKey | None:
+    import configparser
+
+    name, path = settings.client_profile, settings.shared_credentials_file
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path) if path is not None else None
+    except configparser.Error as exc:
+        raise ValidationError(f"the AWS credentials file {path} cannot be read: {exc}") from exc
+    if parser.has_section(name):
+        key_id = parser.get(name, "aws_access_key_id", fallback="")
+        secret = parser.get(name, "aws_secret_access_key", fallback="")
+        if key_id and secret:
+            return ClientKey(key_id, secret, f"profile {name} in {path}")
+        raise ValidationError(
+            f"profile {name} in {path} needs aws_access_key_id and aws_secret_access_key"
+        )
+    if required:
+        raise ValidationError(
+            f"TRAINPORT_PROFILE={name}: no such profile in {path}; add a [{name}] section "
+            "with aws_access_key_id and aws_secret_access_key"
+        )
+    return None
 
 
 def load_role_credentials(
@@ -263,10 +360,8 @@ def _role(where: str, arn: str, entry: Any) -> RoleCredentials:
 
 
 def _instance_types(raw: str) -> str:
-    """The raw JSON, once it parses (imported here: the table's module is heavier)."""
+    """The raw JSON, once it parses."""
     if raw.strip():
-        from trainport.placement.capacity import parse_instance_types
-
         parse_instance_types(raw)
     return raw
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainport.errors import ValidationError
+from trainport.host.command import PLAIN_SCRIPT_IMAGE
 from trainport.store.api import ObjectStore, S3Uri
 from trainport.yamldoc import load_yaml
 
@@ -38,7 +39,7 @@ __all__ = [
 
 DEFAULT_ROLE = "arn:aws:iam::000000000000:role/trainport"
 DEFAULT_BUCKET = "trainport"
-SCRIPT_IMAGE = "trainport/python"
+SCRIPT_IMAGE = PLAIN_SCRIPT_IMAGE
 DEFAULT_INSTANCE_TYPE = "ml.m5.large"
 
 
@@ -239,5 +240,15 @@ def _upload_folder(store: ObjectStore, folder: Path, target: S3Uri) -> str:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     ]
-    upload_all(store, items, label=f"upload {folder}", progress=sys.stderr.isatty())
+    from trainport.config import load_settings
+
+    # As many in flight as the store's connections were sized for (see open_store).
+    upload_all(
+        store,
+        items,
+        workers=load_settings().download_workers,
+        label=f"upload {folder}",
+        progress=sys.stderr.isatty(),
+        keep_bar=True,
+    )
     return str(target)

@@ -38,7 +38,7 @@ def make_dataset(rows: int, seed: int) -> bytes:
 
 
 def run_demo(*, epochs: int = 5, runner: str | None = None) -> int:
-    from trainport.cli import _summary, follow_job
+    from trainport.cli import follow_job, summary
     from trainport.jobfile import build_request
     from trainport.jobs.service import JobService
 
@@ -66,7 +66,7 @@ def run_demo(*, epochs: int = 5, runner: str | None = None) -> int:
     )
     service.create(request, runner=runner)
     record = follow_job(service, request["TrainingJobName"])
-    print(_summary(record))
+    print(summary(record))
     return 0 if record.status == "Completed" else 1
 
 

@@ -491,7 +491,8 @@ class HostAgent:
             )
         if how != "script":
             return commands.plain_command(spec, env, f"{base_dir}/code")
-        if spec.training_image:  # say which way was chosen for the framework image
+        if spec.training_image and spec.training_image != commands.PLAIN_SCRIPT_IMAGE:
+            # Say which way was chosen for the image the user named.
             self._notes.append(
                 f"script mode: image {spec.training_image} is not in a container engine here"
             )

@@ -29,6 +29,7 @@ from trainport.spec import JobSpec
 from trainport.store.api import S3Uri
 
 __all__ = [
+    "PLAIN_SCRIPT_IMAGE",
     "Command",
     "check_runnable",
     "code_to_stage",
@@ -42,6 +43,9 @@ __all__ = [
 ]
 
 SCRIPT_MODE_KEYS = ("sagemaker_program", "sagemaker_submit_directory")
+# The image `trainport run --entry-point` names when the user names none: plain script
+# mode, trainport's own interpreter, no image of any engine's.
+PLAIN_SCRIPT_IMAGE = "trainport/python"
 ISOLATED_HOSTS_NEED_NAMESPACES = (
     "EnableNetworkIsolation with several hosts in containers needs network namespaces "
     "(root), so that the hosts reach each other and nothing else; run trainport as root, "

@@ -13,6 +13,7 @@ queue where it was.
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -22,6 +23,7 @@ from typing import Any
 import uvicorn
 
 from trainport.config import Settings, load_settings
+from trainport.errors import ResourceInUseError, ValidationError
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
 from trainport.server.asgi import TrainportApp
@@ -84,9 +86,16 @@ def _listen(host: str, port: int) -> socket.socket:
     try:
         sock.bind((host, port))
         sock.listen(_BACKLOG)
-    except OSError:
+    except OSError as exc:
         sock.close()
-        raise
+        if exc.errno == errno.EADDRINUSE:
+            raise ResourceInUseError(
+                f"port {port} on {host} is in use (another trainport server, or another "
+                "program); choose another with --port (0: any free port)"
+            ) from exc
+        raise ValidationError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host and --port"
+        ) from exc
     return sock
 
 
@@ -101,7 +110,9 @@ class TrainportServer:
         scheduler: Scheduler,
         protocol: JsonProtocol,
         dashboard: DashboardApi,
+        sock: socket.socket | None = None,
     ) -> None:
+        self._socket = sock or _listen(config.host, config.port)
         self.config = config
         self.service = service
         self.scheduler = scheduler
@@ -132,7 +143,6 @@ class TrainportServer:
                 proxy_headers=False,
             )
         )
-        self._socket = _listen(config.host, config.port)
         self._thread: threading.Thread | None = None
 
     @property
@@ -192,6 +202,16 @@ class TrainportServer:
 def build_server(config: ServerConfig, settings: Settings | None = None) -> TrainportServer:
     """A server bound to ``config.host:config.port`` (port 0 picks a free one)."""
     settings = settings or load_settings()
+    # First: a port in use is refused before anything is made or written (a key).
+    sock = _listen(config.host, config.port)
+    try:
+        return _build(config, settings, sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _build(config: ServerConfig, settings: Settings, sock: socket.socket) -> TrainportServer:
     service = JobService(
         settings,
         reconcile_on_read=False,
@@ -225,7 +245,7 @@ def build_server(config: ServerConfig, settings: Settings | None = None) -> Trai
         verifier, token = None, None
     protocol = JsonProtocol(operations, verifier, max_body=config.max_body)
     dashboard = DashboardApi(service, sagemaker, logs, token, tuning)
-    server = TrainportServer(config, service, scheduler, protocol, dashboard)
+    server = TrainportServer(config, service, scheduler, protocol, dashboard, sock)
     server.created_key = created
     # Before serving: end what died while no server ran, start what was queued.
     scheduler.tick()

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # Objects below this size are fetched with one GET; larger ones in parallel ranged parts.
 _MULTIPART = 16 << 20
+# Parts of one large object moved at once; each takes a connection of its own.
+_PART_CONCURRENCY = 8
 # Presigned URLs for ranged reads: valid this long, reused while this much validity is left.
 _URL_SECONDS = 900
 _URL_MARGIN = 300
@@ -63,10 +65,13 @@ def _whole_range(content_range: str, start: int, end: int, data: bytes) -> bool:
 
 class S3Store(ObjectStore):
     def __init__(self, *, endpoint_url: str | None, region: str, max_connections: int = 20) -> None:
+        """``max_connections``: objects moved at once. The pool holds a connection for
+        each part of each of them, so no transfer ever opens one the pool must discard
+        (urllib3's "Connection pool is full")."""
         self.endpoint_url = endpoint_url
         self.description = f"S3 endpoint {endpoint_url or 'AWS default (' + region + ')'}"
         config = botocore.config.Config(
-            max_pool_connections=max_connections,
+            max_pool_connections=max_connections * _PART_CONCURRENCY,
             retries={"max_attempts": 3, "mode": "standard"},
             connect_timeout=5,
             read_timeout=60,
@@ -75,7 +80,9 @@ class S3Store(ObjectStore):
             "s3", endpoint_url=endpoint_url, region_name=region, config=config
         )
         self._transfer = TransferConfig(
-            multipart_threshold=_MULTIPART, multipart_chunksize=8 << 20, max_concurrency=8
+            multipart_threshold=_MULTIPART,
+            multipart_chunksize=8 << 20,
+            max_concurrency=_PART_CONCURRENCY,
         )
         # The client's HTTP session (private in botocore, stable for years); without it
         # every ranged read takes the SDK call.

@@ -44,11 +44,11 @@ class TransferStats:
         return self.bytes / (1 << 20) / self.seconds if self.seconds > 0 else 0.0
 
 
-def _progress_bar(total: int, label: str) -> Any:
+def _progress_bar(total: int, label: str, leave: bool) -> Any:
     # Imported only when a bar is shown: tqdm costs a job's supervisor tens of ms to import.
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=False)
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=label, leave=leave)
 
 
 def _run_all(
@@ -59,13 +59,14 @@ def _run_all(
     label: str,
     progress: bool,
     on_progress: Progress | None = None,
+    keep_bar: bool = False,
 ) -> TransferStats:
     start = time.monotonic()
     total = sum(t.size for t in items)
     done_bytes = 0
     done_objects = 0
     last_report = start
-    bar = _progress_bar(total, label) if progress else None
+    bar = _progress_bar(total, label, keep_bar) if progress else None
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(items) or 1))) as pool:
             futures = [pool.submit(one, t) for t in items]
@@ -125,11 +126,21 @@ def upload_all(
     label: str = "upload",
     progress: bool = False,
     on_progress: Progress | None = None,
+    keep_bar: bool = False,
 ) -> TransferStats:
+    """Upload ``items`` with ``workers`` in flight; ``keep_bar`` leaves the finished bar on
+    the terminal (a command's own upload), else it goes when done."""
+
     def one(t: Transfer) -> int:
         store.upload(t.path, t.bucket, t.key)
         return t.path.stat().st_size
 
     return _run_all(
-        items, one, workers=workers, label=label, progress=progress, on_progress=on_progress
+        items,
+        one,
+        workers=workers,
+        label=label,
+        progress=progress,
+        on_progress=on_progress,
+        keep_bar=keep_bar,
     )
