@@ -21,12 +21,9 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from trainport.errors import ValidationError
-
-if TYPE_CHECKING:
-    from trainport.placement.capacity import HostShape
+from trainport.instances import INSTANCE_TYPES, HostShape, parse_instance_types
 
 __all__ = [
     "RESOURCES_TAG",
@@ -84,9 +81,6 @@ def host_limits(instance_type: str, tags: Mapping[str, str], sizes: str = "") ->
     its instance type has no known size (``local``, or a type the table lacks). ``sizes``
     is the operator's JSON of instance type sizes (TRAINPORT_RAY_INSTANCE_TYPES), which
     adds to and overrides the table."""
-    # Imported here: the placement package imports the runners.
-    from trainport.placement.capacity import INSTANCE_TYPES, parse_instance_types
-
     if parse_resources_tag(tags.get(RESOURCES_TAG)) == "machine":
         return None
     overrides: Mapping[str, HostShape] = parse_instance_types(sizes) if sizes else {}
