@@ -165,9 +165,7 @@ def test_a_local_channel_upload_shows_progress_and_no_library_warnings(
     for i in range(40):  # more at once than the connections of two workers
         (data / f"part-{i:02d}.bin").write_bytes(os.urandom(64 << 10))
     script = tmp_path / "count.py"
-    script.write_text(
-        "import os\nprint('files', len(os.listdir('/opt/ml/input/data/train')))\n"
-    )
+    script.write_text("import os\nprint('files', len(os.listdir('/opt/ml/input/data/train')))\n")
     env = dict(os.environ, TRAINPORT_DOWNLOAD_WORKERS="2")
     seen = _on_a_terminal(
         [
