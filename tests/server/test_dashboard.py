@@ -1,12 +1,29 @@
-"""The dashboard in headless Chromium (Debian's package, driven by Playwright): the list
-shows a job created through boto3, and its page shows the log lines and a metric chart."""
+"""The dashboard in headless Chromium (Debian's package, driven by Playwright) against one
+real server shared by the module, with a few real jobs: signing in (a key pair, a wrong
+key, a wrong link, a stale cookie), finding, filtering, sorting and paging the list, a
+two-host job whose algo-2 failed, a live log that follows, the Stop button, comparing two
+jobs, per-host resource charts, a 400 px window, and no console errors throughout."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
+import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
-from tests.server.conftest import TRAIN, job, require_chromium, wait_for
+import pytest
+
+from tests.server.conftest import (
+    KEY_ID,
+    SECRET,
+    client,
+    job,
+    put,
+    require_chromium,
+    start_server,
+    wait_for,
+)
+from trainport.server.app import TrainportServer
 
 ARGS = [
     "--headless",
@@ -16,45 +33,330 @@ ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
+WAIT = 60_000  # ms: page loads on a busy 2-core machine
+
+# Each under 256 characters (a ContainerEntrypoint item's limit).
+EPOCHS = (  # four epochs, about 2.4 s: long enough for resource samples
+    "import time\n"
+    "for i in range(4):print('epoch %d loss=%.3f'%(i,{scale}/(i+1)),flush=True);time.sleep(.6)\n"
+)
+HOSTS = (  # algo-2 fails after 2.5 s; algo-1 would run on
+    "import os,json,time\n"
+    "b=os.environ.get('SAGEMAKER_BASE_DIR','/opt/ml')\n"
+    "h=json.load(open(b+'/input/config/resourceconfig.json'))['current_host']\n"
+    "print('host',h,flush=True);time.sleep(2.5 if h=='algo-2' else 30)\n"
+    "print('bad shard on',h,flush=True);exit(3)\n"
+)
+CHATTY = (  # a long log at once, then a line every 0.2 s until stopped
+    "import time\n"
+    "for i in range(400):print('line',i,flush=True)\n"
+    "i=400\n"
+    "while 1:print('line',i,flush=True);i+=1;time.sleep(.2)\n"
+)
 
 
-def test_dashboard_shows_job_logs_and_chart(sm: Any, server: Any, tmp_path: Path) -> None:
+class Site:
+    """The module's server, its jobs, and a signed-in browser page."""
+
+    def __init__(self, server: TrainportServer, sm: Any, page: Any, browser: Any) -> None:
+        self.server = server
+        self.sm = sm
+        self.page = page
+        self.browser = browser
+        self.console_errors: list[str] = []
+
+    def open(self, hash_: str = "#/", query: str = "") -> Any:
+        self.page.goto(f"{self.server.url}/{query}{hash_}")
+        return self.page
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     chromium = require_chromium()
     from playwright.sync_api import sync_playwright
 
-    sm.create_training_job(**job("shown-in-browser", TRAIN))
-    wait_for(sm, "shown-in-browser")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+    home = tmp_path_factory.mktemp("dashboard") / "home"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINPORT_HOME", str(home))
+        for var in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "TRAINPORT_STORE"):
+            mp.delenv(var, raising=False)
+        mp.delenv("TRAINPORT_RUNNER", raising=False)
+        mp.setenv("TRAINPORT_SERVER_KEYS", f"{KEY_ID}:{SECRET}")
+        mp.setenv("TRAINPORT_STOP_GRACE_SECONDS", "5")
+        mp.setenv("TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER", "1")
+        put(home, "data", "train/part-0.txt", "one\ntwo\n")
+        server = start_server()
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 1400})
-            # Without the token the data is refused, and the page says how to sign in.
-            page.goto(server.url + "/")
-            page.wait_for_selector("p.error", timeout=60_000)
-            assert "sign in" in page.inner_text("p.error")
-            page.goto(server.dashboard_url())  # sets the cookie, redirects to /
-            row = page.wait_for_selector('tr[data-job="shown-in-browser"]', timeout=60_000)
-            assert row is not None
-            assert "Completed" in row.inner_text()
-            page.screenshot(path=str(tmp_path / "dashboard-list.png"), full_page=True)
-
-            page.click("text=shown-in-browser")
-            page.wait_for_function(
-                "document.getElementById('log') && "
-                "document.getElementById('log').textContent.includes('epoch 3 loss=0.250')",
-                timeout=60_000,
+            sm = client(server)
+            sm.create_training_job(**job("alpha-run", EPOCHS.format(scale=1)))
+            beta = job(
+                "beta-run", EPOCHS.format(scale=2), HyperParameters={"epochs": "3", "lr": "0.2"}
             )
-            log_text = page.inner_text("#log")
-            assert [ln for ln in log_text.splitlines() if ln.startswith("epoch")] == [
-                f"epoch {i} loss={1 / (i + 1):.3f}" for i in range(4)
-            ]
-            chart = page.wait_for_selector('svg.metric-chart[data-metric="loss"]')
-            assert chart is not None
-            assert page.locator('svg.metric-chart[data-metric="loss"] circle').count() == 4
-            assert "Completed" in page.inner_text("#transitions")
-            assert page.get_attribute("#model-link", "href") == ("/api/jobs/shown-in-browser/model")
-            shot = tmp_path / "dashboard-job.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 10_000
+            sm.create_training_job(**beta)
+            two = job(
+                "two-hosts",
+                HOSTS,
+                ResourceConfig={
+                    "InstanceType": "ml.m5.large",
+                    "InstanceCount": 2,
+                    "VolumeSizeInGB": 1,
+                },
+                Environment={"SECRET_TOKEN": "do-not-show-me"},
+                Tags=[{"Key": "team", "Value": "vision"}],
+            )
+            sm.create_training_job(**two)
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+                try:
+                    context = browser.new_context(viewport={"width": 1200, "height": 1000})
+                    page = context.new_page()
+                    page.set_default_timeout(WAIT)
+                    s = Site(server, sm, page, browser)
+                    page.on(
+                        "console",
+                        lambda m: s.console_errors.append(m.text) if m.type == "error" else None,
+                    )
+                    page.on("pageerror", lambda e: s.console_errors.append(str(e)))
+                    page.goto(server.dashboard_url())  # the printed link: sets the cookie
+                    page.wait_for_selector("#jobs")
+                    for name in ("alpha-run", "beta-run", "two-hosts"):
+                        wait_for(sm, name)
+                    yield s
+                finally:
+                    browser.close()
         finally:
-            browser.close()
+            server.close()
+
+
+def names_shown(page: Any) -> list[str]:
+    return page.eval_on_selector_all("#jobs tbody tr", "rows => rows.map(r => r.dataset.job)")
+
+
+def test_sign_in_with_a_key_pair_a_wrong_key_a_wrong_link_and_a_stale_cookie(site: Site) -> None:
+    context = site.browser.new_context(viewport={"width": 1000, "height": 800})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(WAIT)
+        page.goto(site.server.url + "/")
+        page.wait_for_selector("form#signin")
+        page.fill("#access-key-id", KEY_ID)
+        page.fill("#secret-access-key", "not-the-secret")
+        page.click("form#signin button[type=submit]")
+        page.wait_for_selector("#signin-error:not([hidden])")
+        assert "not one this server accepts" in page.inner_text("#signin-error")
+        page.fill("#secret-access-key", SECRET)
+        page.click("form#signin button[type=submit]")
+        page.wait_for_selector('tr[data-job="alpha-run"]')
+        cookie = next(c for c in context.cookies() if c["name"] == "trainport_dashboard")
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert SECRET not in cookie["value"]
+
+        page.click("#sign-out")
+        page.wait_for_selector("form#signin")
+        assert "signed out" in page.inner_text("#signin-message")
+        page.goto(site.server.url + "/")
+        page.wait_for_selector("form#signin")  # the cookie is gone
+
+        # A wrong link shows the sign-in page with a message, not a file to download.
+        page.goto(site.server.url + "/?token=wrong")
+        page.wait_for_selector("form#signin")
+        assert "wrong or out of date" in page.inner_text("#signin-message")
+
+        # A cookie no key gives (the keys changed since) says the sign-in went stale.
+        context.add_cookies(
+            [{"name": "trainport_dashboard", "value": "0" * 40, "url": site.server.url}]
+        )
+        page.goto(site.server.url + "/#/")
+        page.wait_for_selector("form#signin")
+        assert "no longer valid" in page.inner_text("#signin-message")
+    finally:
+        context.close()
+
+
+def test_find_filter_sort_and_page_the_list(site: Site) -> None:
+    page = site.open("#/")
+    page.wait_for_selector('tr[data-job="two-hosts"]')
+    page.fill("#search", "alph")
+    page.wait_for_function("document.querySelectorAll('#jobs tbody tr').length === 1")
+    assert names_shown(page) == ["alpha-run"]
+    page.fill("#search", "")
+    page.select_option("#status-filter", "Failed")
+    page.wait_for_function("document.querySelectorAll('#jobs tbody tr').length === 1")
+    assert names_shown(page) == ["two-hosts"]
+    page.select_option("#status-filter", "")
+    page.wait_for_function("document.querySelectorAll('#jobs tbody tr').length === 3")
+
+    page.click('th[data-sort="Name"]')  # by the API, ascending first
+    page.wait_for_selector('th[data-sort="Name"][aria-sort="ascending"]')
+    page.wait_for_function("document.querySelector('#jobs tbody tr').dataset.job === 'alpha-run'")
+    assert names_shown(page) == ["alpha-run", "beta-run", "two-hosts"]
+    page.click('th[data-sort="Name"]')
+    page.wait_for_function("document.querySelector('#jobs tbody tr').dataset.job === 'two-hosts'")
+    assert names_shown(page) == ["two-hosts", "beta-run", "alpha-run"]
+    page.click('th[data-sort="Duration"]')  # on the page: two-hosts ran longest
+    page.wait_for_selector('th[data-sort="Duration"][aria-sort="descending"]')
+    assert names_shown(page)[0] == "two-hosts"
+
+    # Two jobs a page: the next page follows the API's NextToken.
+    page = site.open("#/", "?size=2")
+    page.click('th[data-sort="Name"]')
+    page.wait_for_function("document.querySelector('#jobs tbody tr').dataset.job === 'alpha-run'")
+    assert names_shown(page) == ["alpha-run", "beta-run"]
+    page.click("#next-page")
+    page.wait_for_function("document.querySelector('#jobs tbody tr').dataset.job === 'two-hosts'")
+    assert names_shown(page) == ["two-hosts"]
+    assert page.is_disabled("#next-page")
+    page.click("#prev-page")
+    page.wait_for_function("document.querySelector('#jobs tbody tr').dataset.job === 'alpha-run'")
+
+
+def test_a_two_host_job_shows_the_failed_hosts_log_and_each_hosts_resources(site: Site) -> None:
+    page = site.open("#/jobs/two-hosts")
+    page.wait_for_selector("#host-picker .host-tab")
+    tabs = page.eval_on_selector_all("#host-picker .host-tab", "ts => ts.map(t => t.dataset.host)")
+    assert tabs == ["algo-2", "algo-1"]  # the failed host first, and shown first
+    assert "failed" in page.get_attribute('#host-picker [data-host="algo-2"]', "class")
+    page.wait_for_function("document.getElementById('log').textContent.includes('host algo-2')")
+    assert "bad shard on algo-2" in page.inner_text("#log")
+    page.click('#host-picker [data-host="algo-1"]')
+    page.wait_for_function("document.getElementById('log').textContent.includes('host algo-1')")
+    assert "algo-2" not in page.inner_text("#log")
+
+    # Settings: what the request set, the Environment's names but never its values.
+    settings = page.inner_text("#settings-table")
+    assert "ml.m5.large \u00d7 2" in settings and "team=vision" in settings
+    assert "SECRET_TOKEN" in settings and "do-not-show-me" not in page.content()
+    assert "s3://data/train/ (File, FullyReplicated)" in settings
+    assert "Failed" in page.inner_text("#job-status")
+    assert "Failed" in page.inner_text("#transitions")
+
+    # Resources: one series per host on each of the CPU and memory charts.
+    for chart in ("cpu", "memory"):
+        box = page.wait_for_selector(f'#resources .chart[data-chart="{chart}"]')
+        assert box.get_attribute("data-series") == "algo-1,algo-2"
+        assert page.locator(f'#resources .chart[data-chart="{chart}"] canvas').count() == 1
+        legend = page.inner_text(f'#resources .chart[data-chart="{chart}"] .u-legend')
+        assert "algo-1" in legend and "algo-2" in legend
+    shot = page.screenshot(full_page=True)
+    assert len(shot) > 10_000
+
+
+def test_a_live_log_follows_its_newest_line_and_the_stop_button_stops(site: Site) -> None:
+    site.sm.create_training_job(**job("chatty", CHATTY))
+    page = site.open("#/jobs/chatty")
+    at_bottom = (
+        "(p => p.scrollTop + p.clientHeight >= p.scrollHeight - 8)(document.getElementById('log'))"
+    )
+    lines = "document.getElementById('log').textContent.split('\\n').length"
+    page.wait_for_function(f"{lines} > 410")
+    assert page.evaluate(
+        "document.getElementById('log').scrollHeight > document.getElementById('log').clientHeight"
+    )
+    assert page.evaluate(at_bottom)
+    seen = page.evaluate(lines)
+    page.wait_for_function(f"{lines} > {seen + 3}")  # more lines came: still following
+    assert page.evaluate(at_bottom)
+    newest = page.evaluate("document.getElementById('log').textContent.trim().split('\\n').pop()")
+    assert newest.startswith("line ")
+
+    # Scrolled up, the reader stays where they are while lines arrive.
+    page.evaluate("document.getElementById('log').scrollTop = 0")
+    page.wait_for_selector("#follow-log:not([hidden])")
+    seen = page.evaluate(lines)
+    page.wait_for_function(f"{lines} > {seen + 3}")
+    assert page.evaluate("document.getElementById('log').scrollTop") == 0
+    page.click("#follow-log")
+    assert page.evaluate(at_bottom)
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#stop-job")
+    page.wait_for_function(
+        "['Stopping', 'Stopped'].includes(document.getElementById('job-status').textContent)"
+    )
+    assert wait_for(site.sm, "chatty")["TrainingJobStatus"] == "Stopped"
+    page.wait_for_function("document.getElementById('job-status').textContent === 'Stopped'")
+    assert page.is_hidden("#stop-job")
+
+
+def test_compare_two_jobs_overlays_their_curves_and_marks_what_differs(site: Site) -> None:
+    page = site.open("#/")
+    page.click('th[data-sort="Name"]')
+    page.wait_for_selector('tr[data-job="alpha-run"] input.select')
+    page.check('tr[data-job="alpha-run"] input.select')
+    page.check('tr[data-job="beta-run"] input.select')
+    page.click("#compare")
+    chart = page.wait_for_selector('#compare-charts .chart[data-chart="loss"]')
+    assert chart.get_attribute("data-series") == "alpha-run,beta-run"
+    assert page.locator('#compare-charts .chart[data-chart="loss"] canvas').count() == 1
+    assert page.get_attribute('tr[data-row="hp:lr"]', "class") == "differs"
+    assert page.get_attribute('tr[data-row="hp:epochs"]', "class") == ""
+    assert page.inner_text('tr[data-row="metric:loss"]').split("\t")[1:] == ["0.25", "0.5"]
+    # By epoch, as the log gives it: the x axis is the epoch, 0 to 3.
+    page.check("#by-step")
+    page.wait_for_function(
+        "document.querySelector('#compare-charts .chart[data-chart=\"loss\"] .u-legend')"
+        ".textContent.includes('epoch')"
+    )
+    xs = page.evaluate(
+        "document.querySelector('#compare-charts .chart[data-chart=\"loss\"]').uplot.data[0]"
+    )
+    assert xs == [0, 1, 2, 3]
+
+
+def test_at_400_px_nothing_overflows_and_the_favicon_is_served(site: Site) -> None:
+    page = site.page
+    page.set_viewport_size({"width": 400, "height": 800})
+    try:
+        for where in ("#/", "#/jobs/two-hosts", "#/compare/alpha-run,beta-run"):
+            site.open(where)
+            page.wait_for_selector("#jobs, #host-picker .host-tab, #compare-table")
+            page.wait_for_timeout(300)  # charts drawn after the first data
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 400, f"{where} is {width} px wide"
+    finally:
+        page.set_viewport_size({"width": 1200, "height": 1000})
+    with urllib.request.urlopen(site.server.url + "/favicon.ico") as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "image/svg+xml"
+
+
+def test_no_console_errors(site: Site) -> None:
+    """Last in the module: every page the signed-in browser opened above logged none."""
+    assert site.console_errors == []
+
+
+def test_dashboard_actions_need_their_header_and_the_api_stays_sigv4(site: Site) -> None:
+    url = site.server.url
+    body = json.dumps({"accessKeyId": KEY_ID, "secretAccessKey": SECRET}).encode()
+    request = urllib.request.Request(url + "/api/signin", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 403
+    request.add_header("X-Trainport-Dashboard", "1")
+    with urllib.request.urlopen(request) as resp:
+        cookie = resp.headers["Set-Cookie"].split(";")[0]
+    # The cookie opens the dashboard's reads, never the API.
+    with urllib.request.urlopen(
+        urllib.request.Request(url + "/api/jobs", headers={"Cookie": cookie})
+    ) as resp:
+        assert resp.status == 200
+    api = urllib.request.Request(
+        url + "/",
+        data=b"{}",
+        headers={
+            "Cookie": cookie,
+            "X-Amz-Target": "SageMaker.ListTrainingJobs",
+            "Content-Type": "application/x-amz-json-1.1",
+        },
+    )
+    with pytest.raises(urllib.error.HTTPError) as unsigned:
+        urllib.request.urlopen(api)
+    assert unsigned.value.code == 403
+
+
+def test_without_the_charting_library_the_page_says_so() -> None:
+    from trainport.server.asgi import VENDOR_MISSING, _vendor
+
+    script = _vendor("vendor/not-fetched.js")
+    assert script.status == 200 and VENDOR_MISSING.encode() in script.body
+    assert b"scripts/fetch-dashboard-vendor.sh" in script.body

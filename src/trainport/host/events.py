@@ -7,6 +7,7 @@ host arrives as one of these events, in the order the agent produced them:
     TrainingStarted (once the training process group exists)
     LogLines*       (each line of the host's log, timestamped)
     MetricsFound*   (points matched by the job's MetricDefinitions)
+    ResourcesSampled* (CPU and memory of the training processes, see host.resources)
     HostEnded       (always last, exactly once)
 
 Every field is a frozen dataclass of strings, numbers and tuples, so an event pickles as it
@@ -19,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainport.host.resources import ResourcesSampled
 from trainport.jobs.records import MetricPoint
 from trainport.jobs.status import Finished, Phase, Progress
 
@@ -27,6 +29,7 @@ __all__ = [
     "HostEvent",
     "LogLines",
     "MetricsFound",
+    "ResourcesSampled",
     "StatusChanged",
     "TrainingStarted",
     "append_log_lines",
@@ -84,4 +87,4 @@ class HostEnded:
     model_uri: str | None = None
 
 
-HostEvent = StatusChanged | TrainingStarted | LogLines | MetricsFound | HostEnded
+HostEvent = StatusChanged | TrainingStarted | LogLines | MetricsFound | ResourcesSampled | HostEnded

@@ -38,6 +38,7 @@ from trainport.host.events import (
     TrainingStarted,
     append_log_lines,
 )
+from trainport.host.resources import ResourcesSampled, append_resource_samples, resource_path
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB
 from trainport.jobs.records import JobRecord, MetricPoint
@@ -276,6 +277,13 @@ def _run_hosts(
             if event.host == hosts[0]:
                 with _unless_unwritable(name, "metric points"):
                     db.add_metrics(name, list(event.points))
+        elif isinstance(event, ResourcesSampled):
+            # Beside the logs in the job's folder, for the dashboard's charts; best-effort.
+            try:
+                path = resource_path(settings.jobs_dir / name, event.host)
+                append_resource_samples(path, event.samples)
+            except OSError as exc:
+                log.debug("job %s: resource samples not written: %s", name, exc)
         elif isinstance(event, HostEnded):
             outcomes[event.host] = event.finished
             model_uris[event.host] = event.model_uri

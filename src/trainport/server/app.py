@@ -26,9 +26,10 @@ from trainport.config import Settings, load_settings
 from trainport.errors import ResourceInUseError, ValidationError
 from trainport.jobs.scheduler import Scheduler
 from trainport.jobs.service import JobService
-from trainport.server.asgi import TrainportApp
+from trainport.server.asgi import VENDOR_MISSING, TrainportApp, vendor_present
 from trainport.server.connections import ThreadConnectionDB
-from trainport.server.dashboard_api import DashboardApi, dashboard_token
+from trainport.server.dashboard_api import DashboardApi
+from trainport.server.dashboard_auth import DashboardAuth
 from trainport.server.limits import ConnectionLimits, limited_protocol
 from trainport.server.logs_api import LogsApi
 from trainport.server.protocol import DEFAULT_MAX_BODY, JsonProtocol
@@ -234,7 +235,7 @@ def _build(config: ServerConfig, settings: Settings, sock: socket.socket) -> Tra
     if config.auth:
         keys, created = load_or_create_keys(settings)
         verifier: SigV4Verifier | None = SigV4Verifier(keys, SERVED)
-        token: str | None = dashboard_token(keys[0])
+        auth = DashboardAuth(keys)
     else:
         log.warning(
             "--no-auth: requests are NOT authenticated; anyone who can reach %s:%s can run "
@@ -242,9 +243,11 @@ def _build(config: ServerConfig, settings: Settings, sock: socket.socket) -> Tra
             config.host,
             config.port,
         )
-        verifier, token = None, None
+        verifier, auth = None, DashboardAuth(None)
     protocol = JsonProtocol(operations, verifier, max_body=config.max_body)
-    dashboard = DashboardApi(service, sagemaker, logs, token, tuning)
+    dashboard = DashboardApi(service, sagemaker, logs, auth, tuning)
+    if not vendor_present():
+        log.warning("%s", VENDOR_MISSING)
     server = TrainportServer(config, service, scheduler, protocol, dashboard, sock)
     server.created_key = created
     # Before serving: end what died while no server ran, start what was queued.

@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from trainport.errors import TrainportError
-from trainport.server.dashboard_api import DashboardApi, Download
+from trainport.server.dashboard_api import DashboardApi, Download, Signed
+from trainport.server.dashboard_auth import SignIn
 from trainport.server.protocol import ApiError, JsonProtocol, Response, error_response
 from trainport.server.unserved import UnservedServices, unserved_service
 
-__all__ = ["TrainportApp"]
+__all__ = ["VENDOR_MISSING", "TrainportApp", "vendor_present"]
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,26 @@ T = TypeVar("T")
 # client, still sending, reads the answer instead of a reset connection; past it, the
 # connection is closed unread.
 _DRAIN_LIMIT = 64 * 1024 * 1024
-_STATIC = {"/": "index.html", "/app.js": "app.js", "/style.css": "style.css"}
+_STATIC = {
+    "/": "index.html",
+    "/app.js": "app.js",
+    "/charts.js": "charts.js",
+    "/style.css": "style.css",
+    "/favicon.svg": "favicon.svg",
+    "/favicon.ico": "favicon.svg",
+}
+# The charting library, fetched by scripts/fetch-dashboard-vendor.sh (not in git).
+_VENDOR = {
+    "/vendor/uPlot.iife.min.js": "vendor/uPlot.iife.min.js",
+    "/vendor/uPlot.min.css": "vendor/uPlot.min.css",
+    "/vendor/uPlot.LICENSE": "vendor/uPlot.LICENSE",
+}
+VENDOR_MISSING = (
+    "the dashboard's charting library (uPlot) is not installed: charts are shown as tables; "
+    "run scripts/fetch-dashboard-vendor.sh, then reinstall trainport"
+)
+# The header a dashboard POST carries: a page of another site cannot send it to us.
+_DASHBOARD_HEADER = "x-trainport-dashboard"
 _CLOSE = (("Connection", "close"),)
 
 
@@ -144,6 +164,8 @@ class TrainportApp:
             service = unserved_service(headers)
             if service is not None:
                 await self._unserved(scope, receive, send, headers, service)
+            elif scope["method"] == "POST" and scope["path"].startswith("/api/"):
+                await self._dashboard_post(scope, receive, send, headers)
             elif scope["method"] == "POST":
                 await self._api(scope, receive, send, headers)
             elif scope["method"] == "GET":
@@ -198,13 +220,16 @@ class TrainportApp:
         url = urlsplit(_target(scope))
         dashboard = self.dashboard
         if url.path == "/" and "token=" in url.query:
+            # The link `trainport server` printed: a wrong or old one lands on the sign-in
+            # page with a message (never an error document the browser would download).
             cookie = dashboard.sign_in(url.query)
             if cookie is None:
-                await _send(
-                    send, error_response("AccessDeniedException", "wrong dashboard token", 403)
-                )
-                return
-            redirect = Response(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
+                cookie, location = dashboard.auth.signed_out(), "/#/signin/bad-link"
+            else:
+                location = "/"
+            redirect = Response(
+                303, b"", "text/plain", (("Location", location), ("Set-Cookie", cookie))
+            )
             await _send(send, redirect)
             return
         if url.path in _STATIC:
@@ -212,21 +237,17 @@ class TrainportApp:
                 send, await self._run(_static, _STATIC[url.path]), (("Cache-Control", "no-cache"),)
             )
             return
+        if url.path in _VENDOR:
+            # Fixed by version: the browser may keep it.
+            await _send(send, await self._run(_vendor, _VENDOR[url.path]))
+            return
         if url.path == "/healthz":
             await _send(send, Response(200, b'{"ok": true}', "application/json"))
             return
         if not url.path.startswith("/api/"):
             await _send(send, error_response("NotFound", f"nothing at {url.path}", 404))
             return
-        if not dashboard.authorized(headers):
-            await _send(
-                send,
-                error_response(
-                    "AccessDeniedException",
-                    "sign in with the dashboard URL that `trainport server` printed",
-                    401,
-                ),
-            )
+        if not await self._signed_in(send, headers):
             return
         try:
             result = await self._run(dashboard.get, url.path[len("/api/") :], url.query)
@@ -242,6 +263,60 @@ class TrainportApp:
         else:
             await _send(send, Response(200, json.dumps(result).encode(), "application/json"))
 
+    async def _signed_in(self, send: Send, headers: dict[str, str]) -> bool:
+        """Whether the request is signed in; if not, the 401 that says why is sent."""
+        state = self.dashboard.check(headers)
+        if state is SignIn.OK:
+            return True
+        code = "SignInExpired" if state is SignIn.STALE else "NotSignedIn"
+        await _send(send, error_response(code, state.message(), 401))
+        return False
+
+    async def _dashboard_post(
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]
+    ) -> None:
+        """The dashboard's actions: sign in and out, stop a job."""
+        length = _content_length(headers)
+        if length is None or length > 64 * 1024:
+            await _refuse(
+                receive,
+                send,
+                error_response("ValidationException", "a dashboard request body is small", 413),
+                length,
+            )
+            return
+        body = await _read_body(receive, 64 * 1024)
+        if headers.get(_DASHBOARD_HEADER) != "1":
+            await _send(
+                send,
+                error_response(
+                    "AccessDeniedException",
+                    f"dashboard actions need the header {_DASHBOARD_HEADER}: 1",
+                    403,
+                ),
+            )
+            return
+        path = scope["path"][len("/api/") :]
+        try:
+            if path == "signin":
+                result: dict[str, Any] | Signed = self.dashboard.sign_in_with_key(body)
+            elif path != "signout" and not await self._signed_in(send, headers):
+                return
+            else:
+                result = await self._run(self.dashboard.post, path, body)
+        except TrainportError as exc:
+            await _send(send, error_response(exc.api_code, str(exc), getattr(exc, "status", 400)))
+            return
+        except Exception:
+            log.exception("dashboard action %s failed", path)
+            await _send(send, error_response("InternalFailure", "see the server's log", 500))
+            return
+        extra: tuple[tuple[str, str], ...] = ()
+        if isinstance(result, Signed):
+            extra = (("Set-Cookie", result.cookie),)
+            result = result.body
+        await _send(send, Response(200, json.dumps(result).encode(), "application/json"), extra)
+
     async def _download(self, send: Send, download: Download) -> None:
         """Stream ``download`` (no Content-Length: uvicorn sends it chunked), reading each
         piece from the store on the pool."""
@@ -255,6 +330,25 @@ class TrainportApp:
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+def vendor_present() -> bool:
+    """Whether the charting library was packaged (see scripts/fetch-dashboard-vendor.sh)."""
+    files = resources.files("trainport.server").joinpath("dashboard")
+    return all(files.joinpath(name).is_file() for name in _VENDOR.values())
+
+
+def _vendor(name: str) -> Response:
+    try:
+        return _static(name)
+    except OSError:
+        if name.endswith(".js"):
+            # The page draws its charts as tables and says why, instead of failing.
+            script = f"window.TRAINPORT_CHARTS_MISSING = {json.dumps(VENDOR_MISSING)};\n"
+            return Response(200, script.encode(), "text/javascript")
+        if name.endswith(".css"):
+            return Response(200, b"", "text/css")
+        return error_response("NotFound", VENDOR_MISSING, 404)
 
 
 def _static(name: str) -> Response:
