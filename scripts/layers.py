@@ -40,7 +40,7 @@ LAYERS: list[set[str]] = [
     {"host"},
     {"placement"},
     {"jobs"},
-    {"client", "jobfile"},
+    {"client", "jobfile", "follow"},
     {"tuning", "select"},
     {"server", "demo"},
     {"cli"},

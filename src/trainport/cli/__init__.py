@@ -18,10 +18,10 @@ from typing import Any
 
 import click
 
-from trainport.cli.follow import follow_job, summary
 from trainport.cli.jobs import jobs
 from trainport.cli.run import demo, run
 from trainport.cli.server import server
+from trainport.follow import follow_job, summary
 from trainport.tuning.cli import tune_command, tuning_group
 
 __all__ = ["cli", "follow_job", "main", "summary"]

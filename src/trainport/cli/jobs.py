@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from trainport.cli.common import echo_err, fmt_duration, fmt_time, handle_errors, service
-from trainport.cli.follow import summary
 from trainport.errors import ValidationError
+from trainport.follow import summary
 
 __all__ = ["describe_table", "job_hosts", "jobs", "list_rows"]
 

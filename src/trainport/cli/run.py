@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from trainport.cli.common import echo_err, handle_errors, runner_option, service
-from trainport.cli.follow import follow_job, summary
 from trainport.errors import NotFoundError, ResourceInUseError, TrainportError, ValidationError
+from trainport.follow import follow_job, summary
 
 __all__ = ["demo", "run"]
 

@@ -38,7 +38,7 @@ def make_dataset(rows: int, seed: int) -> bytes:
 
 
 def run_demo(*, epochs: int = 5, runner: str | None = None) -> int:
-    from trainport.cli import follow_job, summary
+    from trainport.follow import follow_job, summary
     from trainport.jobfile import build_request
     from trainport.jobs.service import JobService
 

@@ -1,18 +1,22 @@
 """Following a job at the terminal: its status lines (stderr) and its log (stdout), in the
-order they happened, until it ends."""
+order they happened, until it ends.
+
+Below the CLI, so the commands (``trainport run``, ``jobs logs``) and the demo follow a job
+the same way without importing each other.
+"""
 
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from typing import Any
 
 import click
 
-from trainport.cli.common import echo_err
 from trainport.errors import DatabaseError
 
-__all__ = ["follow_job", "summary"]
+__all__ = ["echo_err", "follow_job", "summary"]
 
 # How often the job's record is read while its log is followed.
 _STATUS_EVERY = 0.2
@@ -20,6 +24,11 @@ _STATUS_EVERY = 0.2
 # reports its phase through the supervisor, which may record it a moment after the job's
 # first line is in the log. Bounded, so a lagging record never holds the log back for long.
 _TRAINING_WAIT = 10.0
+
+
+def echo_err(text: str) -> None:
+    sys.stdout.flush()  # keep log lines (stdout) and status lines (stderr) in order when piped
+    click.echo(text, err=True)
 
 
 def summary(record: Any) -> str:
