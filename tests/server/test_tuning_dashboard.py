@@ -44,8 +44,14 @@ def test_a_tuning_job_has_its_page(server_home: Path, tmp_path: Path) -> None:
                 marked = page.locator("#children tr.best")
                 assert marked.count() == 1
                 assert marked.get_attribute("data-child") == best
-                assert page.locator("#objective-charts svg.metric-chart").count() == 2
-                assert page.locator("#objective-charts svg circle").count() == 6
+                charts = page.locator("#objective-charts .chart")
+                assert charts.count() == 2
+                assert page.locator("#objective-charts .chart canvas").count() == 2
+                points = page.evaluate(
+                    "[...document.querySelectorAll('#objective-charts .chart')]"
+                    ".map(c => c.uplot.data[0].length)"
+                )
+                assert points == [3, 3]
                 page.screenshot(path=str(tmp_path / "tuning-page.png"), full_page=True)
                 page.click(f"#children >> text={best}")
                 page.wait_for_selector("#job-status", timeout=15_000)
