@@ -1,0 +1,130 @@
+"""A host's CPU and memory samples: read from a real process group, from a real cgroup of
+its own where this machine lets us make one, written and read back; and the dashboard's
+shaping of metric steps and host order."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require
+from trainport.host.resources import (
+    ResourceSampler,
+    append_resource_samples,
+    read_resource_samples,
+    usage_of_group,
+)
+from trainport.server.dashboard_series import host_order, job_settings, metric_steps
+
+# Busy on one core, holding about 64 MiB.
+BUSY = (
+    "b = bytearray(64 << 20)\nfor i in range(len(b) // 4096): b[i * 4096] = 1\nwhile True: pass\n"
+)
+
+
+@pytest.fixture
+def busy() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", BUSY], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_process_group_without_a_cgroup_of_its_own_is_read_from_its_processes(
+    busy: subprocess.Popen[bytes],
+) -> None:
+    samples: list[tuple[float, float, int]] = []
+    sampler = ResourceSampler(busy.pid, samples.append, interval=0.2)
+    sampler.start()
+    while len(samples) < 3:
+        time.sleep(0.05)
+    sampler.stop()
+    assert usage_of_group(busy.pid).source == "processes"
+    _, cpus, memory = samples[-1]
+    assert cpus > 0.05  # busy, though a loaded machine may give it little of a core
+    assert memory > 60 << 20
+
+
+def _v1_group(controller: str, name: str) -> Path | None:
+    root = Path("/sys/fs/cgroup") / controller
+    if not root.is_dir() or not os.access(root, os.W_OK):
+        return None
+    path = root / name
+    path.mkdir()
+    return path
+
+
+def test_a_process_group_in_a_cgroup_of_its_own_is_read_from_the_cgroup(
+    busy: subprocess.Popen[bytes],
+) -> None:
+    name = f"trainport-test-{uuid.uuid4().hex[:8]}"
+    made: list[Path] = []
+    try:
+        for controller in ("memory", "cpuacct"):
+            group = _v1_group(controller, name)
+            require(group is not None, "no writable cgroup v1 memory and cpuacct here (root)")
+            assert group is not None
+            made.append(group)
+            (group / "cgroup.procs").write_text(str(busy.pid))
+        time.sleep(0.3)
+        usage = usage_of_group(busy.pid)
+        assert usage.source == "cgroup"
+        assert usage.memory_bytes > 0 and usage.cpu_seconds > 0
+    finally:
+        busy.kill()
+        busy.wait()
+        for group in made:  # empty once the process is gone: then it can be removed
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_samples_are_written_and_read_back_torn_lines_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "resources" / "algo-1.tsv"
+    append_resource_samples(path, [(10.0, 1.5, 1024), (11.0, 0.25, 2048)])
+    with open(path, "a") as f:
+        f.write("12.0\t0.5")  # a write cut short
+    assert read_resource_samples(path) == [(10.0, 1.5, 1024), (11.0, 0.25, 2048)]
+    assert read_resource_samples(tmp_path / "none.tsv") == []
+
+
+def test_metric_points_take_the_step_of_the_log_line_they_came_from(tmp_path: Path) -> None:
+    log = tmp_path / "algo-1.log"
+    log.write_text(
+        "100.000\tEpoch 1/3: loss=0.9\n100.500\tsaving\n101.000\t[epoch 2] loss=0.5\n"
+        "102.000\tloss=0.2\n"
+    )
+    series = {"loss": [(100.0, 0.9), (101.0, 0.5), (102.0, 0.2)]}
+    steps = metric_steps(log, series)
+    assert steps["loss"] == {
+        "points": [[100.0, 0.9, 1], [101.0, 0.5, 2], [102.0, 0.2, None]],
+        "axis": "epoch",
+    }
+    assert metric_steps(tmp_path / "none.log", series)["loss"]["axis"] is None
+
+
+def test_the_failed_host_comes_first_and_environment_values_stay_out() -> None:
+    hosts = ["algo-1", "algo-2", "algo-10"]
+    assert [h["host"] for h in host_order(hosts, "algo-10: AlgorithmError: boom")] == [
+        "algo-10",
+        "algo-1",
+        "algo-2",
+    ]
+    assert [h["failed"] for h in host_order(hosts, "AlgorithmError: boom")] == [False] * 3
+    settings = job_settings(
+        {"Environment": {"TOKEN": "secret", "A": "1"}, "ResourceConfig": {"InstanceCount": 1}},
+        [("team", "vision")],
+    )
+    assert settings["EnvironmentNames"] == ["A", "TOKEN"]
+    assert "secret" not in repr(settings)
+    assert settings["Tags"] == [{"Key": "team", "Value": "vision"}]
