@@ -165,3 +165,33 @@ def test_random_search_after_a_warm_start_trains_what_its_parent_did_not(sm: Any
     assert {k["TunedHyperParameters"]["shift"] for k in children(sm, "warm-random")} <= {"1", "2"}
     # The parent's best (shift 3) stays the best overall.
     assert d["OverallBestTrainingJob"]["TrainingJobName"] == parent_best["TrainingJobName"]
+
+
+def test_autotune_chooses_ranges_strategy_and_completion(sm: Any) -> None:
+    request = tuning_request("auto", "Random", max_jobs=3, parallel=3, RandomSeed=2)
+    config = request["HyperParameterTuningJobConfig"]
+    config["ParameterRanges"] = {"AutoParameters": [{"Name": "shift", "ValueHint": "2.5"}]}
+    request["Autotune"] = {"Mode": "Enabled"}
+    sm.create_hyper_parameter_tuning_job(**request)
+    d = wait_tuning(sm, "auto")
+    assert d["HyperParameterTuningJobStatus"] == "Completed", d
+    chosen = d["HyperParameterTuningJobConfig"]
+    assert d["Autotune"] == {"Mode": "Enabled"}
+    assert chosen["Strategy"] == "Bayesian" and chosen["TrainingJobEarlyStoppingType"] == "Auto"
+    assert chosen["ParameterRanges"]["ContinuousParameterRanges"] == [
+        {"Name": "shift", "MinValue": "0.25", "MaxValue": "25.0", "ScalingType": "Auto"}
+    ]
+    assert chosen["ResourceLimits"]["MaxNumberOfTrainingJobs"] == 3  # as the request gave
+    shifts = [float(k["TunedHyperParameters"]["shift"]) for k in children(sm, "auto")]
+    assert len(shifts) == 3 and all(0.25 <= s <= 25 for s in shifts)
+    refused = tuning_request("auto-bad", "Random")
+    refused["HyperParameterTuningJobConfig"]["ParameterRanges"] = {
+        "AutoParameters": [{"Name": "kind", "ValueHint": "a"}]
+    }
+    with pytest.raises(ClientError) as error:
+        sm.create_hyper_parameter_tuning_job(**refused)
+    assert "read only with Autotune" in error.value.response["Error"]["Message"]
+    refused["Autotune"] = {"Mode": "Enabled"}
+    with pytest.raises(ClientError) as error:
+        sm.create_hyper_parameter_tuning_job(**refused)
+    assert "cannot choose other values for 'kind'" in error.value.response["Error"]["Message"]

@@ -1,6 +1,6 @@
 """The pure parts of what a tuning job does beyond a plain search: Hyperband pausing and
-resuming trials that keep checkpoints, ConvergenceDetected, ScalingType Auto, and Random
-search after a warm start."""
+resuming trials that keep checkpoints, ConvergenceDetected, ScalingType Auto, Random
+search after a warm start, and Autotune's choices."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from trainport.errors import ValidationError
+from trainport.tuning.autotune import autotuned, range_from_hint
 from trainport.tuning.plan import ChildView, best_child, converged, decide
 from trainport.tuning.records import Child, ChildState, TuningRecord
 from trainport.tuning.spec import (
@@ -149,3 +153,43 @@ def test_random_search_skips_values_a_warm_start_parent_trained() -> None:
     # Values no parent trained are drawn as without a warm start.
     same = [i for i in range(20) if plain.propose(i, [])[1] == {"shift": "2"}]
     assert all(warm.propose(i, [])[1] == {"shift": "2"} for i in same)
+
+
+def test_autotune_ranges_come_from_value_hints() -> None:
+    assert range_from_hint("layers", "4", "w") == (
+        "Integer",
+        {"Name": "layers", "ScalingType": "Auto", "MinValue": "1", "MaxValue": "40"},
+    )
+    kind, lr = range_from_hint("lr", "0.01", "w")
+    assert kind == "Continuous" and (float(lr["MinValue"]), float(lr["MaxValue"])) == (
+        pytest.approx(0.001),
+        pytest.approx(0.901),
+    )
+    assert range_from_hint("shuffle", "True", "w")[1]["Values"] == ["True", "False"]
+    with pytest.raises(ValidationError, match="give its values in CategoricalParameterRanges"):
+        range_from_hint("optimizer", "adam", "w")
+    with pytest.raises(ValidationError, match="gives no scale"):
+        range_from_hint("bias", "0", "w")
+
+
+def test_autotune_picks_the_strategy_limits_and_completion() -> None:
+    request = {
+        "HyperParameterTuningJobConfig": {
+            "Strategy": "Random",
+            "ResourceLimits": {"MaxParallelTrainingJobs": 2},
+            "ParameterRanges": {"AutoParameters": [{"Name": "lr", "ValueHint": "0.1"}]},
+        },
+        "TrainingJobDefinition": {"StaticHyperParameters": {}},
+        "Autotune": {"Mode": "Enabled"},
+    }
+    config = autotuned(request)["HyperParameterTuningJobConfig"]
+    assert config["Strategy"] == "Bayesian" and config["TrainingJobEarlyStoppingType"] == "Auto"
+    assert config["ResourceLimits"] == {"MaxParallelTrainingJobs": 2, "MaxNumberOfTrainingJobs": 10}
+    assert config["TuningJobCompletionCriteria"]["ConvergenceDetected"] == {
+        "CompleteOnConvergence": "Enabled"
+    }
+    assert [r["Name"] for r in config["ParameterRanges"]["ContinuousParameterRanges"]] == ["lr"]
+    request["TrainingJobDefinition"]["StaticHyperParameters"] = {"epochs": "9"}
+    assert autotuned(request)["HyperParameterTuningJobConfig"]["Strategy"] == "Hyperband"
+    del request["Autotune"]
+    assert autotuned(request) is request

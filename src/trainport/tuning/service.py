@@ -21,6 +21,7 @@ from trainport.errors import NotFoundError, ResourceInUseError, ValidationError
 from trainport.jobs.records import JobRecord
 from trainport.jobs.service import JobService
 from trainport.jobs.status import Status
+from trainport.tuning.autotune import autotuned
 from trainport.tuning.plan import PLANNED, ChildView, best_child, not_improving
 from trainport.tuning.records import Child, ChildEnd, ChildState, TuningRecord, TuningStatus
 from trainport.tuning.spec import (
@@ -68,6 +69,9 @@ class TuningService:
     def create(self, request: dict[str, Any]) -> str:
         """Accept a CreateHyperParameterTuningJob request; returns its ARN. The driver
         launches its children."""
+        # Autotune's choices are made once, here, and stored: the tuning job runs, and
+        # describes, the request as trainport completed it.
+        request = autotuned(request)
         spec = parse_tuning_request(request, self._cache_dir())
         try:
             self.store.get(spec.name)

@@ -176,7 +176,10 @@ def auto_scaling(low: float, high: float) -> str:
 def _ranges(raw: dict[str, Any] | None, where: str) -> tuple[ParameterRange, ...]:
     raw = raw or {}
     if raw.get("AutoParameters"):
-        raise _refuse(f"{where}.AutoParameters: trainport chooses no ranges itself; give them")
+        raise _refuse(
+            f"{where}.AutoParameters: read only with Autotune; add "
+            "Autotune={'Mode': 'Enabled'} to the request, or give the ranges"
+        )
     out: list[ParameterRange] = []
     for kind in ("Integer", "Continuous"):
         for i, item in enumerate(raw.get(f"{kind}ParameterRanges") or ()):
