@@ -129,13 +129,15 @@ def test_an_image_of_a_registry_is_pulled_not_played(
 ) -> None:
     from tests.conftest import require
     from trainport.config import container_engine_setting
-    from trainport.errors import ValidationError
     from trainport.runners import container
 
     monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", "auto")
     require(container.find_engine(container_engine_setting()) is not None, "no container engine")
-    with pytest.raises(ValidationError, match=rf"{REGISTRY_IMAGE!r}.*could not be pulled"):
-        service.create(_entry_point_job(home, REGISTRY_IMAGE))
+    service.create(_entry_point_job(home, REGISTRY_IMAGE))  # the job's start pulls it
+    record = wait_for(service, "byo-image")
+    assert record.status == "Failed"
+    assert f"{REGISTRY_IMAGE!r}" in str(record.failure_reason)
+    assert "could not be pulled" in str(record.failure_reason)
 
 
 def test_an_image_of_a_registry_without_an_engine_is_named(

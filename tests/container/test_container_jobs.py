@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import put, request, require, wait_for, wait_until
-from trainport.errors import ValidationError
 from trainport.jobs.service import JobService
 from trainport.runners.container import engine_kind, find_engine, image_present
 
@@ -181,9 +180,12 @@ def test_missing_image_is_pulled_and_the_error_names_it(
     home: Path, service: JobService, image: str
 ) -> None:
     missing = "registry.invalid/nobody/missing-image:1"
-    with pytest.raises(ValidationError, match="missing-image") as caught:
-        service.create(image_job("byo-missing", missing))
-    said = str(caught.value).split("could not be pulled: ")[1]
+    service.create(image_job("byo-missing", missing))  # submission pulls nothing
+    record = wait_for(service, "byo-missing")
+    assert record.status == "Failed"
+    reason = str(record.failure_reason)
+    assert repr(missing) in reason, reason
+    said = reason.split("could not be pulled: ")[1]
     assert not said.startswith("exit "), said  # the engine's own words
 
 

@@ -407,6 +407,24 @@ class HostAgent:
             )
         )
 
+    def _pull_image(self, engine: str, image: str) -> None:
+        from trainport.runners.container import pull_image
+
+        log.info("pulling image %s with %s", image, engine)
+        # In the job's log as well: a status message may change before anyone reads it.
+        self._log_line(f"[trainport] pulling image {image} with {engine}")
+        self.emit(Progress(f"Pulling image {image}"))
+        last = ""
+
+        def progress(shown: str) -> None:
+            nonlocal last
+            if shown != last:  # one status update per change, not per line of the engine's
+                last = shown
+                self.emit(Progress(f"Pulling image {image}: {shown}"))
+
+        pull_image(engine, image, progress)
+        self._log_line(f"[trainport] pulled image {image}")
+
     def _base_env(self, base_dir: str) -> dict[str, str]:
         """The job's environment: an allow-list (see host.jobenv), nothing of this
         process's own, whoever started it."""
@@ -464,7 +482,8 @@ class HostAgent:
                 env["CUDA_VISIBLE_DEVICES"] = ""  # this machine lends none: the job sees none
         how = commands.check_runnable(spec)
         if how == "container":
-            engine = commands.container_engine(spec)
+            # The job's start pulls an image the engine lacks (submission asked no engine).
+            engine = commands.container_engine(spec, pull=self._pull_image)
             assert engine is not None  # check_runnable found it
             self._notes.append(f"running image {spec.training_image} in {engine}")
             if spec.network_isolation and len(self.plan.hosts) > 1 and not self.plan.netns:

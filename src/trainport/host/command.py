@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ __all__ = [
     "container_command",
     "container_engine",
     "image_dir",
+    "needs_engine",
     "plain_command",
     "plays_image",
     "registry_image",
@@ -97,12 +98,23 @@ def plays_image(image: str | None) -> bool:
     return not image or parse_image_uri(image) is not None or not registry_image(image)
 
 
-def container_engine(spec: JobSpec) -> str | None:
+def needs_engine(spec: JobSpec) -> bool:
+    """Whether the job's image can run only in a container engine: an image no folder
+    names, with no ContainerEntrypoint to run instead, and not one script mode plays."""
+    if not spec.training_image or image_dir(spec) is not None or spec.entrypoint:
+        return False
+    return not (is_script_mode(spec) and plays_image(spec.training_image))
+
+
+def container_engine(
+    spec: JobSpec, *, pull: Callable[[str, str], None] | None = None
+) -> str | None:
     """The engine that will run the job's TrainingImage as a container, or None.
 
-    An image the engine has always runs in it. One it lacks is pulled for a job that has no
-    other way to run (no ContainerEntrypoint) unless script mode stands for it
-    (:func:`plays_image`): a framework image's reference means trainport's script mode.
+    An image the engine has always runs in it. One it lacks runs in it (once pulled) only
+    where the job has no other way to run (:func:`needs_engine`): a framework image's
+    reference means trainport's script mode. ``pull(engine, image)`` is called for an image
+    to be pulled; without it nothing is pulled (the job's start pulls, see host.agent).
     """
     from trainport.config import container_engine_setting
     from trainport.runners import container
@@ -114,9 +126,10 @@ def container_engine(spec: JobSpec) -> str | None:
         return None
     if container.image_present(engine, spec.training_image):
         return engine
-    if spec.entrypoint or (is_script_mode(spec) and plays_image(spec.training_image)):
+    if not needs_engine(spec):
         return None
-    container.pull_image(engine, spec.training_image)
+    if pull is not None:
+        pull(engine, spec.training_image)
     return engine
 
 
@@ -138,13 +151,24 @@ def runs_in_docker(spec: JobSpec) -> bool:
         return False  # the host says why when it runs the job
 
 
-def check_runnable(spec: JobSpec) -> str:
+def check_runnable(spec: JobSpec, *, ask_engine: bool = True) -> str:
     """How the job will run ("container" | "entrypoint" | "image" | "script"), or a clear
-    error now."""
+    error now.
+
+    ``ask_engine=False`` (submission) asks no container engine and pulls nothing: an image
+    only an engine can run needs one installed, and the job's start pulls it. A job that
+    may run in an engine's copy of its image or else on this machine (a
+    ContainerEntrypoint beside an image) has its command checked only then."""
+    from trainport.config import container_engine_setting
     from trainport.host import mpi, smddp
+    from trainport.runners import container
 
     smddp.refuse_model_parallel(spec)
-    engine = container_engine(spec)
+    if ask_engine:
+        engine = container_engine(spec)
+    else:
+        setting = container_engine_setting()
+        engine = container.installed_engine(setting) if needs_engine(spec) else None
     if engine is not None:
         namespaces = spec.tags.get("trainport:network") == "namespaces"
         problem = network_problem(engine, len(spec.hosts), namespaces, spec.network_isolation)
@@ -158,6 +182,8 @@ def check_runnable(spec: JobSpec) -> str:
     if mpi.mpi_settings(spec) is not None:
         script = is_script_mode(spec)
         mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
+    if spec.entrypoint and not ask_engine and _engine_may_have(spec):
+        return "entrypoint"
     if spec.entrypoint:
         exe = spec.entrypoint[0]
         # Found as the job will find it: on its own PATH, not this process's.
@@ -202,6 +228,16 @@ def check_runnable(spec: JobSpec) -> str:
         "daemon running) was found; install one, give ContainerEntrypoint, an image "
         "folder, or use script mode (--entry-point)"
     )
+
+
+def _engine_may_have(spec: JobSpec) -> bool:
+    """Whether an engine installed here may hold the job's image (not asked: submission)."""
+    from trainport.config import container_engine_setting
+    from trainport.runners import container
+
+    if not spec.training_image or image_dir(spec) is not None:
+        return False
+    return container.installed_engine(container_engine_setting()) is not None
 
 
 def code_to_stage(spec: JobSpec) -> S3Uri | None:

@@ -137,7 +137,8 @@ class JobService:
     def check(self, request: dict[str, Any]) -> JobSpec:
         """Validate ``request`` and everything it points at, without running anything."""
         spec = parse_request(request)
-        how = commands.check_runnable(spec)
+        # Asks no container engine: an image is pulled when its job starts.
+        how = commands.check_runnable(spec, ask_engine=False)
         from trainport.runners.netns import netns_problem
 
         if spec.tags.get("trainport:network") == "namespaces":

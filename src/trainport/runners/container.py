@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,9 +36,11 @@ __all__ = [
     "ContainerJob",
     "ContainerProcess",
     "ContainerRunner",
+    "PullProgress",
     "container_argv",
     "find_engine",
     "image_present",
+    "installed_engine",
     "is_framework_image",
     "network_problem",
     "pull_image",
@@ -301,15 +304,87 @@ def image_present(engine: str, image: str) -> bool:
     return subprocess.run(argv, capture_output=True, check=False).returncode == 0
 
 
-def pull_image(engine: str, image: str) -> None:
-    """Pull ``image``; an error that names it and quotes the engine when that fails."""
-    done = subprocess.run([engine, "pull", image], capture_output=True, check=False)
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
+def installed_engine(setting: str) -> str | None:
+    """The engine :func:`find_engine` would choose, judged by what is installed alone: no
+    engine is asked (a docker daemon that does not answer is found when the job starts)."""
+    if setting != "auto":
+        return find_engine(setting)
+    return shutil.which("podman") or shutil.which("docker")
+
+
+class PullProgress:
+    """How far a pull has come, from the lines the engine prints without a terminal
+    (docker: ``<layer>: Pulling fs layer`` ... ``<layer>: Pull complete``; podman:
+    ``Copying blob <digest>`` ... ``Writing manifest``): layers done of those seen."""
+
+    _DOCKER_LAYER = re.compile(r"^([0-9a-f]{12}): (.+)$")
+    _DOCKER_DONE = ("Pull complete", "Already exists")
+    _PODMAN_BLOB = re.compile(r"^Copying blob (?:sha256:)?([0-9a-f]{12})")
+
+    def __init__(self) -> None:
+        self.layers: dict[str, bool] = {}
+        self.last = ""
+
+    def line(self, text: str) -> str:
+        """Take one line of the engine's output; what to show now."""
+        text = text.strip()
+        if not text:
+            return self.summary()
+        self.last = text
+        docker = self._DOCKER_LAYER.match(text)
+        podman = self._PODMAN_BLOB.match(text)
+        if docker:
+            layer, state = docker.groups()
+            self.layers[layer] = self.layers.get(layer, False) or state in self._DOCKER_DONE
+        elif podman:
+            # Podman says a blob once it starts copying it; the one before is then done.
+            for key in self.layers:
+                self.layers[key] = True
+            self.layers[podman.group(1)] = "skipped" in text or text.endswith("done")
+        elif text.startswith(("Writing manifest", "Storing signatures", "Status:", "Digest:")):
+            for key in self.layers:
+                self.layers[key] = True
+        return self.summary()
+
+    def summary(self) -> str:
+        if self.layers:
+            done = sum(self.layers.values())
+            return f"{done}/{len(self.layers)} layers"
+        return self.last or "starting"
+
+
+def pull_image(engine: str, image: str, on_progress: Callable[[str], None] | None = None) -> None:
+    """Pull ``image``, telling ``on_progress`` how far it has come at each line the engine
+    prints; an error that names the image and quotes the engine when that fails."""
+    progress = PullProgress()
+    try:
+        proc = subprocess.Popen(
+            [engine, "pull", image],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        raise ValidationError(
+            f"AlgorithmSpecification.TrainingImage {image!r}: cannot start {engine} to pull "
+            f"it: {exc}"
+        ) from exc
+    assert proc.stdout is not None
+    said: list[str] = []
+    for text in proc.stdout:
+        if text.strip():
+            said = [*said[-4:], text.strip()]
+        shown = progress.line(text)
+        if on_progress is not None:
+            on_progress(shown)
+    code = proc.wait()
+    if code != 0:
         raise ValidationError(
             f"AlgorithmSpecification.TrainingImage {image!r} is not a local folder with an "
             f"executable 'train', nor an image in {engine}, and could not be pulled: "
-            f"{said[-1] if said else f'exit {done.returncode}'}. Build or load the image, "
+            f"{said[-1] if said else f'exit {code}'}. Build or load the image, "
             "or use script mode (--entry-point)"
         )
 
