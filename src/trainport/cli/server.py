@@ -31,7 +31,9 @@ def server(host: str, port: int, max_jobs: int | None, no_auth: bool) -> None:
             "Created an access key for this server (shown once; kept in "
             f"{srv.service.settings.server_keys_path}):\n"
             f"  AWS_ACCESS_KEY_ID={srv.created_key.key_id}\n"
-            f"  AWS_SECRET_ACCESS_KEY={srv.created_key.secret}"
+            f"  AWS_SECRET_ACCESS_KEY={srv.created_key.secret}\n"
+            "(boto3 and the SageMaker SDK take it as these; the trainport CLI on another "
+            "machine as TRAINPORT_ACCESS_KEY_ID and TRAINPORT_SECRET_ACCESS_KEY)"
         )
     echo_err(f"trainport server on {srv.url} (boto3: endpoint_url='{srv.url}')")
     echo_err(f"dashboard: {srv.dashboard_url()}")
