@@ -3,7 +3,7 @@
 // by side, #/tuning/NAME a tuning job, #/signin the sign-in form.
 "use strict";
 
-const { lineChart, chartsAvailable, chartsMissingReason, fmtSeconds, fmtNumber, fmtBytes } = window.trainportCharts;
+const { lineChart, chartsAvailable, chartsMissingReason, fmtSeconds, fmtNumber } = window.trainportCharts;
 const view = document.getElementById("view");
 const TERMINAL = ["Completed", "Failed", "Stopped"];
 const STATUSES = ["InProgress", "Completed", "Failed", "Stopping", "Stopped"];
@@ -378,10 +378,11 @@ function resourceCharts(hosts, start) {
   const withData = hosts.filter((h) => h.resources.length)
     .sort((a, b) => a.host.localeCompare(b.host, undefined, { numeric: true }));
   if (!withData.length) return [el("p", { class: "muted" }, "No samples yet: hosts are sampled once a second while training.")];
-  const series = (i) => withData.map((h) => ({ label: h.host, points: h.resources.map((r) => [r[0] - start, r[i]]) }));
+  const series = (i, scale) => withData.map((h) => ({ label: h.host, points: h.resources.map((r) => [r[0] - start, r[i] / scale]) }));
   return [
-    lineChart({ id: "cpu", title: "CPU (cores busy)", xLabel: "since start", xFormat: fmtSeconds, width: chartWidth(), series: series(1) }),
-    lineChart({ id: "memory", title: "Memory", xLabel: "since start", xFormat: fmtSeconds, yFormat: fmtBytes, width: chartWidth(), series: series(2) }),
+    lineChart({ id: "cpu", title: "CPU (cores busy)", xLabel: "since start", xFormat: fmtSeconds, width: chartWidth(), series: series(1, 1) }),
+    // In MiB: the axis then ticks at round numbers of MiB.
+    lineChart({ id: "memory", title: "Memory (MiB)", xLabel: "since start", xFormat: fmtSeconds, width: chartWidth(), series: series(2, 1 << 20) }),
   ];
 }
 
