@@ -48,3 +48,22 @@ def test_a_job_from_trainport_run_has_a_real_instance_type(
     # The SageMaker SDK attaches to a job only with an instance type it knows.
     assert described["ResourceConfig"]["InstanceType"] == "ml.m5.large"
     assert described["HyperParameters"]["sagemaker_container_log_level"] == "20"
+
+
+def test_ended_jobs_through_the_server(server: Any, sm: Any) -> None:
+    sm.create_training_job(**job("remote-ended", TRAIN))
+    wait_for(sm, "remote-ended")
+    listed = tp("--endpoint", server.url, "jobs", "list", "--output", "json")
+    assert listed.returncode == 0, listed.stderr
+    (summary,) = json.loads(listed.stdout)["TrainingJobSummaries"]
+    assert summary["TrainingJobName"] == "remote-ended"
+    assert summary["FinalMetricDataList"][0]["MetricName"] == "loss"
+    table = tp("--endpoint", server.url, "jobs", "list").stdout
+    assert "loss=0.25" in table.splitlines()[1], table  # the last epoch's
+    described = tp("--endpoint", server.url, "jobs", "describe", "remote-ended", "-o", "table")
+    assert described.returncode == 0, described.stderr
+    assert "Completed (Completed)" in described.stdout
+    stopped = tp("--endpoint", server.url, "jobs", "stop", "remote-ended")
+    assert stopped.returncode == 0 and "already Completed" in stopped.stderr
+    unknown = tp("--endpoint", server.url, "jobs", "logs", "remote-ended", "--host", "algo-2")
+    assert unknown.returncode == 2 and "its hosts are algo-1" in unknown.stderr

@@ -31,6 +31,7 @@ _DESCRIBE_TIMES = (
 )
 
 _output_option = click.option(
+    "-o",
     "--output",
     "output",
     type=click.Choice(["table", "json"]),
