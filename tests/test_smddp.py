@@ -292,3 +292,47 @@ def test_the_face_defers_to_a_real_smdistributed(tmp_path: Path) -> None:
         "UnsupportedFeatureError" in alone.stderr
         and "smdistributed.dataparallel.REAL" in alone.stderr
     )
+
+
+CUDA_STYLE = (
+    REPORT.replace("p.detach().numpy()", "p.detach().cpu().numpy()")
+    + """
+import torch
+import torch.distributed as dist
+import smdistributed.dataparallel.torch.torch_smddp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group(backend="smddp")
+rank, local_rank = dist.get_rank(), int(os.environ["LOCAL_RANK"])
+device = torch.device("cuda", local_rank % torch.cuda.device_count())
+torch.cuda.set_device(device)
+torch.manual_seed(rank)
+net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+model = DDP(net.to(device), device_ids=[device.index])
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    opt.zero_grad()
+    model(torch.randn(16, 32, device=device)).pow(2).mean().backward()
+    opt.step()
+t = torch.tensor([float(rank + 1)], device=device)
+dist.all_reduce(t)  # a CUDA tensor, over the smddp backend
+report(rank, dist.get_world_size(), local_rank, int(os.environ["LOCAL_WORLD_SIZE"]), model, t.item())
+"""
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_gradients_two_hosts(home: Path, tmp_path: Path) -> None:
+    """On a machine with CUDA: buckets of CUDA gradients reduced through pinned host memory."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _needs_mpi()
+    done = run_job(tmp_path, "smddp-cuda", CUDA_STYLE, SDK_HPS)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # One process per GPU of each host's share (hosts share a single GPU in turn).
+    reports = rank_reports("smddp-cuda")
+    per_host = len(reports) // 2
+    assert per_host >= 1
+    assert_one_job(reports, per_host=per_host)
