@@ -22,8 +22,9 @@ __all__ = ["echo_err", "follow_job", "summary"]
 _STATUS_EVERY = 0.2
 # How long a line of the job's own output waits for the record to say Training: the host
 # reports its phase through the supervisor, which may record it a moment after the job's
-# first line is in the log. Bounded, so a lagging record never holds the log back for long.
-_TRAINING_WAIT = 10.0
+# first line is in the log. Bounded, and spent at most once in each phase: lines that come
+# before Training (a requirements build's) are held back once, not each.
+_TRAINING_WAIT = 3.0
 
 
 def echo_err(text: str) -> None:
@@ -70,6 +71,7 @@ class _StatusLines:
         self.last_message = ""
         self.record: Any = None
         self.checked = 0.0
+        self.waited_in: str | None = None  # the phase a line last waited in
 
     def refresh(self) -> None:
         try:
@@ -91,8 +93,12 @@ class _StatusLines:
 
     def before_output(self) -> None:
         """Make sure the Training line is out before a line of the job's own output."""
-        if self.record is not None and _training_reached(self.record):
+        if self.record is not None and (
+            _training_reached(self.record) or self.waited_in == self.record.secondary_status
+        ):
             return
+        if self.record is not None:
+            self.waited_in = self.record.secondary_status
         deadline = time.monotonic() + _TRAINING_WAIT
         while True:
             self.refresh()
