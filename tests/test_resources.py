@@ -111,6 +111,15 @@ def test_metric_points_take_the_step_of_the_log_line_they_came_from(tmp_path: Pa
         "axis": "epoch",
     }
     assert metric_steps(tmp_path / "none.log", series)["loss"]["axis"] is None
+    # The log grows (its last line still half written): the new lines are read on.
+    with open(log, "a") as f:
+        f.write("103.000\tstep 40 loss=0.1\n104.000\tstep 4")
+    grown = {"loss": [*series["loss"], (103.0, 0.1), (104.0, 0.05)]}
+    points = metric_steps(log, grown)["loss"]["points"]
+    assert [p[2] for p in points] == [1, 2, None, 40, None]
+    with open(log, "a") as f:
+        f.write("1 loss=0.05\n")
+    assert metric_steps(log, grown)["loss"]["points"][-1] == [104.0, 0.05, 41]
 
 
 def test_the_failed_host_comes_first_and_environment_values_stay_out() -> None:

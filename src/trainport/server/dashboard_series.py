@@ -4,6 +4,7 @@
   the point (a point's time is its line's time, to the millisecond, as the agent writes
   both). The line is searched with one fixed pattern of ours, never the job's own Regex,
   which may take unbounded time and is only ever run in the agent's matcher process.
+  Each log is read on from where the last request stopped (:class:`StepIndex`).
 - :func:`job_settings`: everything of the request a person set, Environment values left
   out (they may hold secrets; the names are shown).
 - :func:`host_order`: the job's hosts, the one that failed first.
@@ -12,6 +13,8 @@
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,23 +47,52 @@ _SETTINGS = (
 )
 
 
-def _line_counters(log_path: Path) -> dict[str, tuple[str, int]]:
-    """Line time (as the log writes it, ``%.3f``) -> (counter word, value), for lines
-    that carry a counter."""
-    found: dict[str, tuple[str, int]] = {}
-    try:
-        if log_path.stat().st_size > _MAX_LOG_BYTES:
-            return found
-        with open(log_path, encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                stamp, _, text = line.partition("\t")
-                match = _COUNTER.search(text)
-                if match is not None:
-                    word = match.group(1).lower()
-                    found[stamp] = ("iteration" if word.startswith("iter") else word, int(match[2]))
-    except OSError:
-        pass
-    return found
+class StepIndex:
+    """Line time (as the log writes it, ``%.3f``) -> (counter word, value) for the lines
+    of each log that carry a counter, read on from where the last call stopped: a job's
+    page asks every 2 s, and a log only grows. Kept for the last :data:`_KEPT` logs."""
+
+    _KEPT = 64
+
+    def __init__(self) -> None:
+        self._logs: OrderedDict[Path, tuple[int, dict[str, tuple[str, int]]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def counters(self, log_path: Path) -> dict[str, tuple[str, int]]:
+        with self._lock:
+            offset, found = self._logs.pop(log_path, (0, {}))
+        try:
+            size = log_path.stat().st_size
+            if size < offset:  # a new log in its place (a job of the same name)
+                offset, found = 0, {}
+            if size <= _MAX_LOG_BYTES:
+                offset = _read_counters(log_path, offset, found)
+        except OSError:
+            pass
+        with self._lock:
+            self._logs[log_path] = (offset, found)
+            while len(self._logs) > self._KEPT:
+                self._logs.popitem(last=False)
+        return found
+
+
+def _read_counters(log_path: Path, offset: int, found: dict[str, tuple[str, int]]) -> int:
+    """Add the counters of the whole lines past ``offset``; the offset after them."""
+    with open(log_path, "rb") as log:
+        log.seek(offset)
+        for raw in log:
+            if not raw.endswith(b"\n"):
+                break  # a line still being written: read it whole next time
+            offset += len(raw)
+            stamp, _, text = raw.decode("utf-8", "replace").partition("\t")
+            match = _COUNTER.search(text)
+            if match is not None:
+                word = match.group(1).lower()
+                found[stamp] = ("iteration" if word.startswith("iter") else word, int(match[2]))
+    return offset
+
+
+_STEPS = StepIndex()
 
 
 def metric_steps(
@@ -69,7 +101,7 @@ def metric_steps(
     """Each metric's points as ``[time, value, step]`` (step None where its line has no
     counter) with ``axis``, the counter's word ("epoch", "step", "iteration"; None when no
     point has one)."""
-    counters = _line_counters(log_path) if series else {}
+    counters = _STEPS.counters(log_path) if series else {}
     out: dict[str, dict[str, Any]] = {}
     for name, points in series.items():
         rows: list[list[Any]] = []
