@@ -60,9 +60,8 @@ from trainport.host.events import (
 )
 from trainport.host.layout import HostLayout, hosts_file_text, resource_config
 from trainport.host.metrics import MetricMatcher
+from trainport.host.phases import Finished, MetricPoint, Phase, Progress
 from trainport.host.resources import ResourceSampler, ResourcesSampled
-from trainport.jobs.records import MetricPoint
-from trainport.jobs.status import Finished, Phase, Progress
 from trainport.runners.api import KILL, TERM, HostProcess, Placement, Runner
 from trainport.runners.container import ContainerRunner
 from trainport.runners.limits import Limits, host_limits

@@ -20,9 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainport.host.phases import Finished, MetricPoint, Phase, Progress
 from trainport.host.resources import ResourcesSampled
-from trainport.jobs.records import MetricPoint
-from trainport.jobs.status import Finished, Phase, Progress
 
 __all__ = [
     "HostEnded",

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from trainport.errors import ValidationError
-from trainport.jobs.records import MetricPoint
+from trainport.host.phases import MetricPoint
 
 __all__ = ["END_GRACE_SECONDS", "MATCH_BUDGET_SECONDS", "MetricMatcher", "MetricParser"]
 

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainport.host.phases import MetricPoint
+
 __all__ = ["ECHOED_REQUEST_FIELDS", "JobRecord", "MetricPoint", "Transition"]
 
 
@@ -52,13 +54,6 @@ class Transition:
         if self.end_time is not None:
             out["EndTime"] = self.end_time
         return out
-
-
-@dataclass(frozen=True)
-class MetricPoint:
-    name: str
-    value: float
-    timestamp: float
 
 
 @dataclass(frozen=True)

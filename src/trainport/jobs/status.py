@@ -20,6 +20,7 @@ import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
+from trainport.host.phases import Finished, Phase, Progress
 from trainport.jobs.records import JobRecord, Transition
 
 __all__ = [
@@ -46,34 +47,13 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True)
-class Phase:
-    """The host agent entered a phase (a SecondaryStatus of InProgress)."""
-
-    secondary: str  # Downloading | Training | Uploading
-    message: str
-
-
-@dataclass(frozen=True)
-class Progress:
-    """News within the current phase (download progress): only the status message changes."""
-
-    message: str
-
-
-@dataclass(frozen=True)
 class StopRequested:
     reason: str  # "user" | "max_runtime"
     message: str
 
 
-@dataclass(frozen=True)
-class Finished:
-    """The job's processes are gone; ``exit_code`` is None when training never started."""
-
-    exit_code: int | None
-    failure_reason: str | None = None
-
-
+#: What moves a job: a host's words (:mod:`trainport.host.phases`), or a stop asked of the
+#: job.
 Event = Phase | Progress | StopRequested | Finished
 
 

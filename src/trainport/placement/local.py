@@ -15,7 +15,7 @@ from pathlib import Path
 from trainport.config import Settings
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.events import HostEnded, HostEvent, TrainingStarted
-from trainport.jobs.status import Finished
+from trainport.host.phases import Finished
 from trainport.placement.api import HostGroup, take_events
 from trainport.runners.api import Runner
 from trainport.store.api import ObjectStore

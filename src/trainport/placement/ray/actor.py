@@ -25,7 +25,7 @@ from trainport.host import jobtree, mpi
 from trainport.host.agent import HostAgent, HostPlan
 from trainport.host.command import runs_in_docker
 from trainport.host.events import HostEnded, HostEvent, LogLines
-from trainport.jobs.status import Finished
+from trainport.host.phases import Finished
 from trainport.placement.ray.artifacts import send_artifacts
 from trainport.placement.ray.checks import first_line
 from trainport.placement.ray.relay import PeerRelay

@@ -23,7 +23,7 @@ from trainport.host import mpi
 from trainport.host.agent import HostPlan
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged, append_log_lines
 from trainport.host.layout import HostLayout
-from trainport.jobs.status import Finished, Phase, Progress
+from trainport.host.phases import Finished, Phase, Progress
 from trainport.placement import capacity
 from trainport.placement.api import HostGroup, PlacementError, take_events
 from trainport.placement.ray.actor import HostActor, NodeInfo, StoreProbe
