@@ -61,6 +61,15 @@ def test_a_busy_port_is_one_line_naming_it(home: Path) -> None:
     assert not (home / "server" / "keys.json").exists()  # refused before making anything
 
 
+def test_an_address_not_of_this_machine_is_one_line(home: Path) -> None:
+    done = tp("server", "--host", "203.0.113.7", "--port", "0")  # TEST-NET-3: never local
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: cannot listen on 203.0.113.7:0: Cannot assign requested address; check "
+        "--host and --port"
+    ]
+
+
 def test_status_lines_come_before_the_jobs_output(home: Path, tmp_path: Path) -> None:
     path = job_file(tmp_path, "order", "print('first line of the job')\nprint('loss=0.5')\n")
     done = tp("run", str(path), merged=True)
