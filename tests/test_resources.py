@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import python_job, require, wait_for, wait_until
 from trainport.host.resources import (
     ResourceSampler,
     append_resource_samples,
     read_resource_samples,
+    resource_path,
     usage_of_group,
 )
+from trainport.jobs.service import JobService
 from trainport.server.dashboard_series import host_order, job_settings, metric_steps
 
 # Busy on one core, holding about 64 MiB.
@@ -137,3 +139,27 @@ def test_the_failed_host_comes_first_and_environment_values_stay_out() -> None:
     assert settings["EnvironmentNames"] == ["A", "TOKEN"]
     assert "secret" not in repr(settings)
     assert settings["Tags"] == [{"Key": "team", "Value": "vision"}]
+
+
+def test_a_sandboxed_hosts_samples_come_from_its_runc_containers_cgroup(
+    home: Path, service: JobService
+) -> None:
+    from trainport.runners import sandbox
+
+    require(os.geteuid() == 0, "the runc sandbox (and its cgroups) needs root")
+    problem = sandbox._probe("runc")
+    require(problem is None, f"no runc sandbox on this machine: {problem}")
+    code = "b = bytearray(64 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+    code += "import time\nprint('holding', flush=True)\ntime.sleep(30)\n"
+    service.create(python_job("held", code, Tags=[{"Key": "trainport:runner", "Value": "sandbox"}]))
+    wait_until(lambda: any("holding" in line for _, line in service.logs("held")), 120, "holding")
+    pgid = service.get("held").training_pgid
+    assert pgid is not None
+    usage = usage_of_group(pgid)
+    assert usage.source == "cgroup"
+    assert usage.memory_bytes > 60 << 20
+    samples = resource_path(home / "jobs" / "held", "algo-1")
+    wait_until(lambda: len(read_resource_samples(samples)) >= 2, 30, "two samples")
+    service.stop("held")
+    assert wait_for(service, "held").status == "Stopped"
+    assert max(memory for _, _, memory in read_resource_samples(samples)) > 60 << 20
