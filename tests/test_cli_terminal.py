@@ -3,6 +3,7 @@ real pseudo-terminal where a progress bar is meant to show."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -15,9 +16,11 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import request
+from trainport.jobs.records import JobRecord, Transition
 
 TRAINPORT = [sys.executable, "-m", "trainport.cli"]
 READABLE_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
@@ -193,3 +196,48 @@ def test_a_local_channel_upload_shows_progress_and_no_library_warnings(
     assert "2.50M" in seen, seen  # 40 x 64 KiB
     assert "Connection pool is full" not in seen, seen
     assert not re.search(r"(WARNING|Warning)(?! trainport)", seen), seen  # no library's
+
+
+class _Sequence:
+    """The records a job's service answers with, one per read (the last one after)."""
+
+    def __init__(self, *records: JobRecord) -> None:
+        self.records = list(records)
+
+    def get(self, name: str) -> JobRecord:
+        return self.records.pop(0) if len(self.records) > 1 else self.records[0]
+
+
+def test_news_within_a_phase_redraws_one_line_on_a_terminal(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from trainport.follow import _StatusLines
+
+    start = Transition("Downloading", 1.0, None, "Downloading input data")
+    base = JobRecord("j", "arn", {}, 0.0, secondary_status="Downloading", transitions=(start,))
+    news = [f"Downloading input data: channel train {p}%" for p in (10, 60)]
+    training = Transition("Training", 2.0, None, "Training in progress")
+    lines = _StatusLines(
+        _Sequence(
+            dataclasses.replace(base, status_message=start.message),
+            dataclasses.replace(base, status_message=news[0]),
+            dataclasses.replace(base, status_message=news[1]),
+            dataclasses.replace(
+                base,
+                secondary_status="Training",
+                status_message=training.message,
+                transitions=(start, training),
+            ),
+        ),
+        "j",
+    )
+    lines.in_place = True
+    for _ in range(4):
+        lines.refresh()
+    lines.end_line()
+    assert capsys.readouterr().err == (
+        "[trainport] Downloading: Downloading input data\n"
+        f"\r\x1b[K[trainport] Downloading: {news[0]}"
+        f"\r\x1b[K[trainport] Downloading: {news[1]}\n"
+        "[trainport] Training: Training in progress\n"
+    )

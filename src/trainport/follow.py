@@ -72,6 +72,17 @@ class _StatusLines:
         self.record: Any = None
         self.checked = 0.0
         self.waited_in: str | None = None  # the phase a line last waited in
+        # On a terminal, news within a phase (a download's or a pull's progress) redraws
+        # one line in place instead of adding a line each time.
+        self.in_place = sys.stderr.isatty()
+        self.open_line = False
+
+    def end_line(self) -> None:
+        """End a line drawn in place, before anything else is printed."""
+        if self.open_line:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self.open_line = False
 
     def refresh(self) -> None:
         try:
@@ -82,11 +93,19 @@ class _StatusLines:
             self.checked = time.monotonic()
             return
         for t in record.transitions[self.seen :]:
+            self.end_line()
             echo_err(f"[trainport] {t.status}: {t.message}")
             self.last_message = t.message
         self.seen = len(record.transitions)
         if record.status_message != self.last_message:  # progress within a phase
-            echo_err(f"[trainport] {record.secondary_status}: {record.status_message}")
+            news = f"[trainport] {record.secondary_status}: {record.status_message}"
+            if self.in_place:
+                sys.stdout.flush()
+                sys.stderr.write(f"\r\x1b[K{news}")  # back to the line's start, cleared
+                sys.stderr.flush()
+                self.open_line = True
+            else:
+                echo_err(news)
             self.last_message = record.status_message
         self.record = record
         self.checked = time.monotonic()
@@ -122,6 +141,7 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
         nonlocal interrupted
         interrupted += 1
         if interrupted == 1 and stop_on_interrupt:
+            status.end_line()
             echo_err(f"[trainport] stopping {name} (Ctrl-C again to leave it running)")
             service.stop(name)
         else:
@@ -139,10 +159,12 @@ def follow_job(service: Any, name: str, *, stop_on_interrupt: bool = True) -> An
                 break
             if not text.startswith("[trainport]"):  # trainport's own lines come earlier
                 status.before_output()
+            status.end_line()
             click.echo(text)
         status.refresh()
         record = status.record if status.record is not None else service.get(name)
         assert Status(record.status).terminal  # the log ends only once the job has
         return record
     finally:
+        status.end_line()
         signal.signal(signal.SIGINT, original)
