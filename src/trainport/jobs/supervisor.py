@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -71,6 +72,38 @@ __all__ = ["supervise"]
 log = logging.getLogger(__name__)
 
 _POLL = 0.2
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """What one run of a job needs, made once by :func:`supervise` and passed down: the
+    job (its name, record and spec), where it lives (database, store, settings), its
+    hosts' network, its stop grace, the signal that stops it, and its one deadline."""
+
+    db: JobDB
+    record: JobRecord
+    spec: JobSpec
+    settings: Settings
+    store: ObjectStore
+    network: JobNetwork
+    grace: float
+    # Set by a SIGTERM to the supervisor: a stop, as one through the service.
+    terminate_signal: threading.Event
+    # One deadline for the whole job, retries included, from when it leaves the queue (as
+    # SageMaker bills it): a job never runs longer than MaxRuntimeInSeconds asked.
+    deadline: float
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return self.spec.hosts
+
+    @property
+    def job_dir(self) -> Path:
+        return self.settings.jobs_dir / self.record.name
 
 
 def _final_metrics(db: JobDB, name: str) -> tuple[MetricPoint, ...]:
@@ -213,23 +246,18 @@ def supervise(name: str, settings: Settings) -> int:
         db.update(name, lambda r: advance(r, failed, time.time()))
         return 1
     try:
-        return _run_hosts(db, name, record, spec, settings, grace, terminate_signal,
-                          network)  # fmt: skip
+        run = JobRun(
+            db, record, spec, settings, open_store(settings), network, grace, terminate_signal,
+            deadline=time.time() + spec.max_runtime_seconds,
+        )  # fmt: skip
+        return _run_hosts(run)
     finally:
         network.teardown()
 
 
-def _run_hosts(
-    db: JobDB,
-    name: str,
-    record: JobRecord,
-    spec: JobSpec,
-    settings: Settings,
-    grace: float,
-    terminate_signal: threading.Event,
-    network: JobNetwork,
-) -> int:
-    hosts = spec.hosts
+def _run_hosts(run: JobRun) -> int:
+    db, name, spec, settings = run.db, run.name, run.spec, run.settings
+    hosts = run.hosts
     multi = len(hosts) > 1
 
     def emit(event: Event, from_host: bool = False) -> None:
@@ -288,19 +316,12 @@ def _run_hosts(
             outcomes[event.host] = event.finished
             model_uris[event.host] = event.model_uri
 
-    store = open_store(settings)
     attempts = 1 + spec.retry_attempts
     attempt = 1
-    # One deadline for the whole job, retries included, from when it leaves the queue (as
-    # SageMaker bills it): a job never runs longer than MaxRuntimeInSeconds asked.
-    deadline = time.time() + spec.max_runtime_seconds
     while True:
         outcomes.clear()
         model_uris.clear()
-        ran = _attempt(
-            db, name, record, spec, settings, store, grace, terminate_signal, network,
-            deadline, apply, outcomes, on_started,
-        )  # fmt: skip
+        ran = _attempt(run, apply, outcomes, on_started)
         if ran is None:
             return 1
         group, failed_host, overdue, stopped = ran
@@ -312,15 +333,15 @@ def _run_hosts(
                 f"after: {reason}"
             )
             log.warning("job %s: %s", name, message)
-            _say_in_logs(settings.jobs_dir / name, hosts, message)
+            _say_in_logs(run.job_dir, hosts, message)
             # Fresh instances, as SageMaker's retry gets: nothing of the failed attempt's
             # trees is merged into the next one's archives (checkpoints are in the store).
             # Never following a link a job left in them (see jobtree.remove_tree).
-            jobtree.remove_tree(settings.jobs_dir / name / "hosts")
+            jobtree.remove_tree(run.job_dir / "hosts")
             emit(Phase("Starting", message))
             continue
         break
-    network.teardown()  # before the job is marked ended: an ended job holds nothing
+    run.network.teardown()  # before the job is marked ended: an ended job holds nothing
     finished = (
         _host_outcome(outcomes[failed_host], failed_host, multi)
         if failed_host
@@ -331,9 +352,7 @@ def _run_hosts(
         # A job whose hosts never got their instances (stopped while it waited for a
         # cluster's capacity) has nothing to upload, and says no Uploading.
         if multi and _got_instances(db.get(name)):
-            model_uri, finished = _upload_merged(
-                db, name, settings.jobs_dir, spec, store, group, finished
-            )
+            model_uri, finished = _upload_merged(run, group, finished)
         metrics = _final_metrics(db, name)
 
         def finish(r: JobRecord) -> JobRecord:
@@ -370,16 +389,7 @@ def _say_in_logs(job_dir: Path, hosts: tuple[str, ...], message: str) -> None:
 
 
 def _attempt(
-    db: JobDB,
-    name: str,
-    record: JobRecord,
-    spec: JobSpec,
-    settings: Settings,
-    store: ObjectStore,
-    grace: float,
-    terminate_signal: threading.Event,
-    network: JobNetwork,
-    deadline: float,
+    run: JobRun,
     apply: Callable[[HostEvent], None],
     outcomes: Mapping[str, Finished],
     on_started: Callable[[int], None],
@@ -388,6 +398,8 @@ def _attempt(
     deadline; (the group, the first host that failed, whether the deadline passed while the
     record was unwritable, whether the job was stopped), or None if the hosts could not
     be started (the job is then ended). ``apply`` fills ``outcomes`` as hosts end."""
+    db, name, spec, network, grace = run.db, run.name, run.spec, run.network, run.grace
+    terminate_signal, deadline = run.terminate_signal, run.deadline
     hosts = spec.hosts
     multi = len(hosts) > 1
     # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
@@ -395,10 +407,10 @@ def _attempt(
     plans = [
         HostPlan(
             spec,
-            record.arn,
+            run.record.arn,
             host,
             hosts,
-            settings.jobs_dir / name,
+            run.job_dir,
             addresses=network.addresses,
             upload_artifacts=not multi,
             network_interface=network.interface,
@@ -408,7 +420,7 @@ def _attempt(
         )
         for host in hosts
     ]
-    group = _place(record, plans, settings, store, on_started)
+    group = _place(run, plans, on_started)
     try:
         group.start()
     except Exception as exc:  # no cluster to connect to, say: the job must still end
@@ -467,25 +479,21 @@ def _first_failed(hosts: tuple[str, ...], outcomes: Mapping[str, Finished]) -> s
     return next((h for h in hosts if h in outcomes and outcomes[h].exit_code != 0), None)
 
 
-def _place(
-    record: JobRecord,
-    plans: list[HostPlan],
-    settings: Settings,
-    store: ObjectStore,
-    on_started: Callable[[int], None],
-) -> HostGroup:
+def _place(run: JobRun, plans: list[HostPlan], on_started: Callable[[int], None]) -> HostGroup:
     """The job's hosts, placed where its runner says: a Ray cluster, or this machine.
 
     Only hosts on this machine record their process groups (``on_started``): a reconcile
     here stops an orphan's groups by number, which names nothing of a node's processes.
     """
-    if record.runner == "ray":
+    if run.record.runner == "ray":
         from trainport.placement.ray import RayHosts
 
-        return RayHosts(plans, settings=settings, job_dir=settings.jobs_dir / record.name)
-    runner = select_runner(record.runner, verified=True)
+        return RayHosts(plans, settings=run.settings, job_dir=run.job_dir)
+    runner = select_runner(run.record.runner, verified=True)
     # The hosts record their process groups as they start them (see LocalHosts._report).
-    return LocalHosts(plans, store=store, runner=runner, settings=settings, on_started=on_started)
+    return LocalHosts(
+        plans, store=run.store, runner=runner, settings=run.settings, on_started=on_started
+    )
 
 
 def _overrun(spec: JobSpec) -> StopRequested:
@@ -508,15 +516,10 @@ def _unless_unwritable(name: str, what: str) -> Iterator[None]:
 
 
 def _upload_merged(
-    db: JobDB,
-    name: str,
-    jobs_dir: Path,
-    spec: JobSpec,
-    store: ObjectStore,
-    group: HostGroup,
-    finished: Finished,
+    run: JobRun, group: HostGroup, finished: Finished
 ) -> tuple[str | None, Finished]:
     """Every host's model and output folders as one pair of archives (see pack_merged)."""
+    db, name, spec = run.db, run.name, run.spec
     db.update(
         name,
         lambda r: advance(r, Phase("Uploading", "Uploading generated training model"), time.time()),
@@ -524,12 +527,12 @@ def _upload_merged(
     folders = group.artifact_folders()
     try:
         uri, conflicts = upload_merged(
-            store,
+            run.store,
             spec.output_path,
             spec.name,
             [(h, model) for h, model, _ in folders],
             [(h, output) for h, _, output in folders],
-            scratch=scratch_dir(jobs_dir / name),
+            scratch=scratch_dir(run.job_dir),
         )
     except TrainportError as exc:
         reason = f"ClientError: artifact upload failed: {exc}"
