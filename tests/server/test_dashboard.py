@@ -134,9 +134,11 @@ def names_shown(page: Any) -> list[str]:
 
 def test_sign_in_with_a_key_pair_a_wrong_key_a_wrong_link_and_a_stale_cookie(site: Site) -> None:
     context = site.browser.new_context(viewport={"width": 1000, "height": 800})
+    errors: list[str] = []
     try:
         page = context.new_page()
         page.set_default_timeout(WAIT)
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto(site.server.url + "/")
         page.wait_for_selector("form#signin")
         page.fill("#access-key-id", KEY_ID)
@@ -166,9 +168,13 @@ def test_sign_in_with_a_key_pair_a_wrong_key_a_wrong_link_and_a_stale_cookie(sit
         context.add_cookies(
             [{"name": "trainport_dashboard", "value": "0" * 40, "url": site.server.url}]
         )
+        page.goto("about:blank")  # a fresh load of the page, as a later visit would be
         page.goto(site.server.url + "/#/")
         page.wait_for_selector("form#signin")
         assert "no longer valid" in page.inner_text("#signin-message")
+        # Only the wrong key pair's refusal reached the console: the sign-in page itself
+        # makes no request that fails.
+        assert len(errors) == 1 and "403" in errors[0], errors
     finally:
         context.close()
 
@@ -180,6 +186,7 @@ def test_find_filter_sort_and_page_the_list(site: Site) -> None:
     page.wait_for_function("document.querySelectorAll('#jobs tbody tr').length === 1")
     assert names_shown(page) == ["alpha-run"]
     page.fill("#search", "")
+    page.wait_for_function("document.querySelectorAll('#jobs tbody tr').length === 3")
     page.select_option("#status-filter", "Failed")
     page.wait_for_function("document.querySelectorAll('#jobs tbody tr').length === 1")
     assert names_shown(page) == ["two-hosts"]

@@ -247,6 +247,17 @@ class TrainportApp:
         if not url.path.startswith("/api/"):
             await _send(send, error_response("NotFound", f"nothing at {url.path}", 404))
             return
+        if url.path == "/api/session":
+            # Where the browser stands, always a 200: the page shows the sign-in form
+            # without first making a request that fails.
+            state = dashboard.check(headers)
+            session = {
+                "signedIn": state is SignIn.OK,
+                "auth": dashboard.auth.enabled,
+                "message": None if state is SignIn.OK else state.message(),
+            }
+            await _send(send, Response(200, json.dumps(session).encode(), "application/json"))
+            return
         if not await self._signed_in(send, headers):
             return
         try:

@@ -98,8 +98,7 @@ function renderSignIn(message) {
     ev.preventDefault();
     try {
       await post("signin", { accessKeyId: form.accessKeyId.value, secretAccessKey: form.secretAccessKey.value });
-      location.hash = "#/";
-      if (location.hash === "#/") route();
+      if (location.hash === "#/") refresh(); else location.hash = "#/";
     } catch (err) {
       error.textContent = String(err.message || err).replace(/^[A-Za-z]+Exception: /, "");
       error.hidden = false;
@@ -580,7 +579,7 @@ async function route() {
   const tuning = hash.match(/^#\/tuning\/(.+)$/);
   const compare = hash.match(/^#\/compare\/(.+)$/);
   if (signin) { renderSignIn(SIGNIN_REASONS[signin[1]]); return; }
-  document.getElementById("sign-out").hidden = false;
+  document.getElementById("sign-out").hidden = document.getElementById("sign-out").dataset.auth === "false";
   try {
     if (job) await renderJob(decodeURIComponent(job[1]));
     else if (tuning) await renderTuning(decodeURIComponent(tuning[1]));
@@ -597,6 +596,24 @@ function refresh() {
   route().then(schedule);
 }
 
+// Once, before the first page: where this browser stands (a signed-out browser gets the
+// sign-in form without a request that fails).
+async function start() {
+  try {
+    const session = await api("session");
+    document.getElementById("sign-out").dataset.auth = String(session.auth);
+    if (!session.signedIn && !location.hash.startsWith("#/signin")) {
+      const message = session.message.charAt(0).toUpperCase() + session.message.slice(1) + ".";
+      renderSignIn(message);
+      return;
+    }
+  } catch (err) {
+    showError(err);
+    return;
+  }
+  refresh();
+}
+
 function schedule() {
   clearTimeout(timer);
   if (!page || page.kind === "signin") return;
@@ -607,4 +624,4 @@ function schedule() {
 
 window.addEventListener("hashchange", () => { page = null; refresh(); });
 document.getElementById("sign-out").addEventListener("click", signOut);
-refresh();
+start();
