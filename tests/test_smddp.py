@@ -247,6 +247,12 @@ def test_launch_settings_follow_the_toolkits_runner() -> None:
     )
     assert tagged is not None and tagged.processes_per_host == 3
     assert smddp.mpi_settings(_spec({"sagemaker_mpi_enabled": "true"})) is None
+    # One process per GPU of the host's share, at most the instance type's GPUs; 1 on CPUs.
+    assert settings.processes_on(8) == 1 and settings.processes_on(0) == 1  # ml.c5.xlarge
+    assert one.processes_on(8) == 8 and one.processes_on(2) == 2  # ml.p3.16xlarge: 8 GPUs
+    p3 = smddp.mpi_settings(_spec({**SDK_HPS, "sagemaker_instance_type": '"ml.p3.2xlarge"'}))
+    assert p3 is not None and p3.processes_on(4) == 1
+    assert tagged.processes_on(8) == 3
 
 
 @pytest.mark.parametrize(

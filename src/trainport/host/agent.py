@@ -668,7 +668,7 @@ class HostAgent:
         board.start(private)
         env.update(board.environment(f"{inside}/launch.sock"))
         env[mpi.ENV_SHM] = f"{inside}/shm"
-        per_host = settings.processes_per_host or len(share.devices) or 1
+        per_host = settings.processes_on(len(share.devices))
         self._demux = mpi.RankDemux(mpi.rank_host(plan.hosts, per_host))
         self._log_line(f"[trainport] {mpi.job_map(plan.hosts, per_host)}")
         program = argv

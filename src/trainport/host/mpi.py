@@ -90,6 +90,17 @@ class MpiSettings:
 
     processes_per_host: int | None  # None: the host's GPU count, else 1
     custom_options: tuple[str, ...] = ()
+    # The most GPUs a host's processes follow: its instance type's, where the launch reads
+    # it (SMDDP, as its toolkit runner does); None: every GPU of the host's share.
+    gpu_cap: int | None = None
+
+    def processes_on(self, host_gpus: int) -> int:
+        """Processes on a host whose share holds ``host_gpus`` GPUs: the setting, else one
+        per GPU (at most ``gpu_cap``), else 1."""
+        if self.processes_per_host:
+            return self.processes_per_host
+        gpus = host_gpus if self.gpu_cap is None else min(host_gpus, self.gpu_cap)
+        return gpus or 1
 
 
 def _plain(value: str | None) -> str:

@@ -6,7 +6,8 @@ sends ``sagemaker_distributed_dataparallel_enabled``, ``sagemaker_instance_type`
 ``sagemaker_distributed_dataparallel_custom_mpi_options``; the PyTorch container picks its
 SMDataParallel runner for that flag or for ``sagemaker_pytorch_ddp_enabled``. The runner is
 an MPI launch: mpirun on the leader over every host, one process per GPU (on a CPU host one
-per host unless ``sagemaker_mpi_num_of_processes_per_host`` says otherwise), with the
+per host unless ``sagemaker_mpi_num_of_processes_per_host`` says otherwise; here the GPUs
+of the host's share of the machine, at most as many as its instance type has), with the
 library's variables passed to every rank (``SMDATAPARALLEL_USE_HOMOGENEOUS`` or
 ``..._SINGLENODE``, the server address and port, ``SAGEMAKER_INSTANCE_TYPE``) and the
 user's options after the toolkit's (``--NCCL_DEBUG X`` among them becomes ``-x
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from trainport.errors import ValidationError
 from trainport.host.mpi import HP_PROCESSES, MpiSettings, plain_value
+from trainport.instances import INSTANCE_TYPES
 from trainport.spec import JobSpec
 
 __all__ = [
@@ -145,9 +147,16 @@ def mpi_settings(spec: JobSpec) -> MpiSettings | None:
         options = plain_value(spec.hyperparameters.get(HP_OPTIONS))
         where = f"HyperParameters.{HP_OPTIONS}"
     kind = instance_type(spec, spec.hosts[0])
+    exports = mpirun_exports(spec.hosts, kind)
     return MpiSettings(
-        per_host, (*mpirun_exports(spec.hosts, kind), *custom_options(options, where))
+        per_host, (*exports, *custom_options(options, where)), gpu_cap=instance_gpus(kind)
     )
+
+
+def instance_gpus(kind: str) -> int | None:
+    """The GPUs of an instance type trainport knows (0 for a CPU type), else None."""
+    shape = INSTANCE_TYPES.get(kind)
+    return None if shape is None else int(shape.gpus)
 
 
 def custom_options(options: str, where: str) -> tuple[str, ...]:
