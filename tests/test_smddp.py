@@ -335,7 +335,8 @@ def test_cuda_gradients_two_hosts(home: Path, tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     _needs_mpi()
-    done = run_job(tmp_path, "smddp-cuda", CUDA_STYLE, SDK_HPS)
+    hps = {**SDK_HPS, "sagemaker_instance_type": '"ml.p3.8xlarge"'}  # up to 4 GPUs a host
+    done = run_job(tmp_path, "smddp-cuda", CUDA_STYLE, hps)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # One process per GPU of each host's share (hosts share a single GPU in turn).
     reports = rank_reports("smddp-cuda")
