@@ -7,12 +7,15 @@ jobs, per-host resource charts, a 400 px window, and no console errors throughou
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import require
 from tests.server.conftest import (
     KEY_ID,
     SECRET,
@@ -24,6 +27,7 @@ from tests.server.conftest import (
     wait_for,
 )
 from trainport.server.app import TrainportServer
+from trainport.server.asgi import vendor_present
 
 ARGS = [
     "--headless",
@@ -49,8 +53,8 @@ HOSTS = (  # algo-2 fails after 2.5 s; algo-1 would run on
 )
 CHATTY = (  # a long log at once, then a line every 0.2 s until stopped
     "import time\n"
-    "for i in range(400):print('line',i,flush=True)\n"
-    "i=400\n"
+    "for i in range(1200):print('line',i,flush=True)\n"
+    "i=1200\n"
     "while 1:print('line',i,flush=True);i+=1;time.sleep(.2)\n"
 )
 
@@ -58,7 +62,10 @@ CHATTY = (  # a long log at once, then a line every 0.2 s until stopped
 class Site:
     """The module's server, its jobs, and a signed-in browser page."""
 
-    def __init__(self, server: TrainportServer, sm: Any, page: Any, browser: Any) -> None:
+    def __init__(
+        self, home: Path, server: TrainportServer, sm: Any, page: Any, browser: Any
+    ) -> None:
+        self.home = home
         self.server = server
         self.sm = sm
         self.page = page
@@ -73,6 +80,7 @@ class Site:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     chromium = require_chromium()
+    require(vendor_present(), "uPlot is not fetched: run scripts/fetch-dashboard-vendor.sh")
     from playwright.sync_api import sync_playwright
 
     home = tmp_path_factory.mktemp("dashboard") / "home"
@@ -111,7 +119,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
                     context = browser.new_context(viewport={"width": 1200, "height": 1000})
                     page = context.new_page()
                     page.set_default_timeout(WAIT)
-                    s = Site(server, sm, page, browser)
+                    s = Site(home, server, sm, page, browser)
                     page.on(
                         "console",
                         lambda m: s.console_errors.append(m.text) if m.type == "error" else None,
@@ -250,12 +258,17 @@ def test_a_two_host_job_shows_the_failed_hosts_log_and_each_hosts_resources(site
 
 def test_a_live_log_follows_its_newest_line_and_the_stop_button_stops(site: Site) -> None:
     site.sm.create_training_job(**job("chatty", CHATTY))
+    log_file = site.home / "jobs" / "chatty" / "logs" / "algo-1.log"
+    deadline = time.monotonic() + 60  # the long first part is in the log before the page opens
+    while not log_file.exists() or len(log_file.read_bytes().splitlines()) < 1200:
+        assert time.monotonic() < deadline, "chatty's first 1,200 lines never came"
+        time.sleep(0.1)
     page = site.open("#/jobs/chatty")
     at_bottom = (
         "(p => p.scrollTop + p.clientHeight >= p.scrollHeight - 8)(document.getElementById('log'))"
     )
     lines = "document.getElementById('log').textContent.split('\\n').length"
-    page.wait_for_function(f"{lines} > 410")
+    page.wait_for_function(f"{lines} > 1000")
     assert page.evaluate(
         "document.getElementById('log').scrollHeight > document.getElementById('log').clientHeight"
     )
@@ -274,6 +287,11 @@ def test_a_live_log_follows_its_newest_line_and_the_stop_button_stops(site: Site
     assert page.evaluate("document.getElementById('log').scrollTop") == 0
     page.click("#follow-log")
     assert page.evaluate(at_bottom)
+    # It opened at the newest 1,000 lines; the earlier ones come on asking.
+    assert not page.inner_text("#log").startswith("line 0\n")
+    page.click("#earlier-log")
+    page.wait_for_function("document.getElementById('log').textContent.startsWith('line 0\\n')")
+    assert page.is_hidden("#earlier-log")
 
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#stop-job")

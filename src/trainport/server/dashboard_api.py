@@ -220,7 +220,9 @@ class DashboardApi:
         return {"jobs": out}
 
     def _logs(self, name: str, args: dict[str, str]) -> dict[str, Any]:
-        """A page of one host's log: ``host`` (default algo-1) or ``stream``, ``token``."""
+        """A page of one host's log (``host``, default algo-1, or ``stream``): with no
+        token its newest lines, then the lines after ``token`` (a forward token), or the
+        lines before ``before`` (the ``earlier`` token of a page, while it has one)."""
         stream = args.get("stream")
         if not stream:
             host = args.get("host", "algo-1")
@@ -235,13 +237,18 @@ class DashboardApi:
         params: dict[str, Any] = {
             "logGroupName": _LOG_GROUP,
             "logStreamName": stream,
-            "startFromHead": True,
+            "startFromHead": False,  # a long log opens at its newest lines
             "limit": 1000,
         }
+        backward = not args.get("token")
         if args.get("token"):
             params["nextToken"] = args["token"]
+        elif args.get("before"):
+            params["nextToken"] = args["before"]
         out = self.logs.get_log_events(params)
         out["stream"] = stream
+        first = int(out["nextBackwardToken"].partition("/")[2] or 0)
+        out["earlier"] = out["nextBackwardToken"] if backward and first > 0 else None
         return out
 
     def _tuning_jobs(self, tuning: TuningApi) -> dict[str, Any]:

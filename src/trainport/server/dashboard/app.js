@@ -464,6 +464,7 @@ function buildJob(data) {
     el("div", { class: "charts", id: "charts" }),
     el("h2", {}, `Log (${data.hosts.length} host${data.hosts.length > 1 ? "s" : ""})`),
     picker,
+    el("button", { id: "earlier-log", class: "small", hidden: true, onclick: loadEarlier }, "↑ Show earlier lines"),
     log,
     jump,
     el("h2", {}, "Resources"),
@@ -481,6 +482,7 @@ function pickHost(host) {
   page.token = null;
   page.follow = true;
   document.getElementById("log").replaceChildren();
+  showEarlier(page, null);
   for (const tab of document.querySelectorAll("#host-picker [data-host]")) tab.setAttribute("aria-selected", String(tab.dataset.host === host));
   pollLog(page);
 }
@@ -501,12 +503,32 @@ async function pollLog(state) {
         pre.append(data.events.map((e) => e.message).join("\n") + "\n");
         if (state.follow) pre.scrollTop = pre.scrollHeight;
       }
+      if (!state.token) showEarlier(state, data.earlier);
       if (data.nextForwardToken) state.token = data.nextForwardToken;
       if (data.events.length < 1000) return;
     }
   } finally {
     state.polling = false;
   }
+}
+
+// A long log opens at its newest 1,000 lines; earlier ones come a page at a time.
+function showEarlier(state, token) {
+  state.earlier = token;
+  document.getElementById("earlier-log").hidden = !token;
+}
+
+async function loadEarlier() {
+  const state = page;
+  if (!state || state.kind !== "job" || !state.earlier) return;
+  const q = new URLSearchParams({ host: state.host, before: state.earlier });
+  const data = await api(`jobs/${encodeURIComponent(state.name)}/logs?` + q);
+  const pre = document.getElementById("log");
+  if (page !== state || !pre) return;
+  const height = pre.scrollHeight;
+  if (data.events.length) pre.prepend(data.events.map((e) => e.message).join("\n") + "\n");
+  pre.scrollTop += pre.scrollHeight - height; // the lines being read stay in place
+  showEarlier(state, data.earlier);
 }
 
 async function stopJob(name) {
