@@ -86,3 +86,34 @@ def test_a_failed_pull_fails_the_job_at_its_start_naming_the_image(
     assert "Job pull-fails: Failed" in done.stderr
     reason = next(line for line in done.stderr.splitlines() if "FailureReason" in line)
     assert repr(REGISTRY_IMAGE) in reason and "could not be pulled" in reason, reason
+
+
+def test_a_source_dir_inside_the_image_waits_for_the_start_where_an_engine_may_have_it(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import wait_for
+    from trainport.config import load_settings
+    from trainport.errors import ValidationError
+    from trainport.jobs.service import JobService
+
+    docker = shutil.which("docker")
+    require(docker is not None, "the docker client is not installed (scripts/setup.sh --test)")
+    body = request("inside-image")
+    body["AlgorithmSpecification"] = {"TrainingInputMode": "File", "TrainingImage": "team/img:1"}
+    body["HyperParameters"] = {
+        "sagemaker_program": '"train.py"',
+        "sagemaker_submit_directory": '"/opt/ml/input/data/code/sourcedir.tar.gz"',
+    }
+    # No engine: only script mode could run it, which needs the code in the store.
+    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", "none")
+    with pytest.raises(ValidationError, match="sagemaker_submit_directory"):
+        JobService(load_settings()).create(body)
+    # An engine that may hold the image: submission asks it nothing; the start finds it
+    # lacks the image (no daemon here), plays it in script mode, and says why it cannot.
+    monkeypatch.setenv("TRAINPORT_CONTAINER_ENGINE", str(docker))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{home / 'no-daemon.sock'}")
+    service = JobService(load_settings())
+    service.create(body)
+    record = wait_for(service, "inside-image")
+    assert record.status == "Failed"
+    assert "sagemaker_submit_directory" in str(record.failure_reason), record.failure_reason

@@ -35,6 +35,7 @@ __all__ = [
     "code_to_stage",
     "container_command",
     "container_engine",
+    "engine_may_have",
     "image_dir",
     "needs_engine",
     "plain_command",
@@ -182,7 +183,7 @@ def check_runnable(spec: JobSpec, *, ask_engine: bool = True) -> str:
     if mpi.mpi_settings(spec) is not None:
         script = is_script_mode(spec)
         mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
-    if spec.entrypoint and not ask_engine and _engine_may_have(spec):
+    if spec.entrypoint and not ask_engine and engine_may_have(spec):
         return "entrypoint"
     if spec.entrypoint:
         exe = spec.entrypoint[0]
@@ -230,7 +231,7 @@ def check_runnable(spec: JobSpec, *, ask_engine: bool = True) -> str:
     )
 
 
-def _engine_may_have(spec: JobSpec) -> bool:
+def engine_may_have(spec: JobSpec) -> bool:
     """Whether an engine installed here may hold the job's image (not asked: submission)."""
     from trainport.config import container_engine_setting
     from trainport.runners import container
