@@ -32,7 +32,7 @@ PACKAGE = "trainport"
 #: Bottom to top; a room imports only rooms of lower layers.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"instances", "yamldoc", "servicemodel"},
+    {"instances", "tags", "yamldoc", "servicemodel"},
     {"config"},
     {"store", "data", "distributed"},
     {"spec"},

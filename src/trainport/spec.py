@@ -4,10 +4,13 @@ The request shape is botocore's own service model for SageMaker, so anything bot
 is accepted with the same field names, and anything it would refuse is refused here with the
 same kind of message (unknown fields named with their path, missing required fields, wrong
 types). On top of the model's structure we check the constraints botocore leaves to the
-server (patterns, lengths, enums) and trainport's own rules (what it can run on this machine).
+server (patterns, lengths, enums) and trainport's own rules of form. Parsing is a pure
+function of the request: what this machine can run (an engine, namespaces, the files a
+request names) is asked afterwards, in the service's admission (:mod:`trainport.jobs.admission`).
 
 trainport's extensions ride in fields botocore allows, so they work from boto3 too: tags whose
-key starts with ``trainport:`` (see :data:`EXTENSION_TAGS`).
+key starts with ``trainport:``, each checked by the parser its owning module registers in
+:mod:`trainport.tags` (see :data:`EXTENSION_TAGS`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from __future__ import annotations
 import math
 import posixpath
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainport import tags as extension_tags
 from trainport.errors import ValidationError
 from trainport.store.api import S3Uri
 
@@ -36,30 +41,8 @@ DEFAULT_MAX_RUNTIME = 86400
 DEFAULT_CHECKPOINT_PATH = "/opt/ml/checkpoints"
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 
-#: Tag keys trainport reads from a request (values are strings, as tags are).
-EXTENSION_TAGS = {
-    "trainport:runner": "runner for this job: sandbox, process, auto or ray",
-    "trainport:stop-grace-seconds": "seconds between SIGTERM and SIGKILL on stop (default 120)",
-    "trainport:pipe-workers": "P: each Pipe channel becomes P per-worker FIFO series "
-    "<channel>_w<k>_<epoch> holding disjoint shards (docs/pipe-mode.md)",
-    "trainport:distribution": "torchrun: launch the script-mode entry point with torchrun on "
-    "every host (as the hyperparameter sagemaker_torch_distributed_enabled does); mpi: with "
-    "mpirun over every host (as sagemaker_mpi_enabled does); smddp: as SageMaker's distributed "
-    "data parallel launch (as sagemaker_distributed_dataparallel_enabled does)",
-    "trainport:processes-per-host": "P: processes per host for torchrun or MPI (default: the "
-    "host's GPU count, else 1)",
-    "trainport:mpi-options": "extra mpirun options (as sagemaker_mpi_custom_mpi_options)",
-    "trainport:gpus-per-host": "K or all: each host's share of the machine's GPUs (default: "
-    "an equal split; fewer GPUs than hosts: one each, shared in turn)",
-    "trainport:network": "namespaces (the default as root, ray aside: each host a network "
-    "namespace on a bridge of the job's own, the outside through NAT, nothing of the machine "
-    "or of other jobs) or loopback (the machine's network, host k at 127.a.b.(k+1), a block "
-    "per job; the default without root)",
-    "trainport:host-bandwidth": "with network=namespaces, shape each host's link with tc tbf "
-    "to this rate (e.g. 400mbit)",
-    "trainport:resources": "instance (default: each host gets its InstanceType's memory, CPUs "
-    "and processes, enforced) or machine (no limits: the whole machine)",
-}
+#: Tag keys trainport reads from a request, and what each means (see :mod:`trainport.tags`).
+EXTENSION_TAGS = {key: tag.describes for key, tag in extension_tags.KNOWN.items()}
 
 MAX_HOSTS = 64
 #: The longest stop grace a job may ask for: time enough to save any checkpoint, yet a
@@ -289,6 +272,48 @@ def _channel(raw: dict[str, Any], job_mode: str, index: int) -> ChannelSpec:
     )
 
 
+@extension_tags.parser("trainport:runner")
+def _runner_tag(value: str, tags: Mapping[str, str]) -> None:
+    if value not in ("auto", "sandbox", "process", "ray"):
+        raise ValidationError(
+            f"Tags: trainport:runner={value!r}; use auto, sandbox, process or ray"
+        )
+
+
+@extension_tags.parser("trainport:pipe-workers")
+def _pipe_workers_tag(value: str, tags: Mapping[str, str]) -> None:
+    if not (value.isdigit() and 1 <= int(value) <= 1024):
+        raise ValidationError(
+            f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "
+            "processes from 1 to 1024"
+        )
+
+
+@extension_tags.parser("trainport:distribution")
+def _distribution_tag(value: str, tags: Mapping[str, str]) -> None:
+    if value not in ("torchrun", "mpi", "smddp"):
+        raise ValidationError(f"Tags: trainport:distribution={value!r}; use torchrun, mpi or smddp")
+
+
+@extension_tags.parser("trainport:processes-per-host")
+def _processes_tag(value: str, tags: Mapping[str, str]) -> None:
+    if not (value.isdigit() and 1 <= int(value) <= 64):
+        raise ValidationError(
+            f"Tags: trainport:processes-per-host={value!r} must be a whole number from 1 to 64"
+        )
+
+
+@extension_tags.parser("trainport:network")
+def _network_tag(value: str, tags: Mapping[str, str]) -> None:
+    if value not in ("loopback", "namespaces"):
+        raise ValidationError(f"Tags: trainport:network={value!r}; use loopback or namespaces")
+
+
+@extension_tags.parser("trainport:stop-grace-seconds")
+def _stop_grace_tag(value: str, tags: Mapping[str, str]) -> None:
+    _check_stop_grace(value)
+
+
 def _check_stop_grace(value: str) -> None:
     """A finite number of seconds in range: ``inf`` would make a Stop never kill, and
     ``nan`` compares false with everything, so it would kill at once."""
@@ -404,51 +429,7 @@ def parse_request(request: dict[str, Any], *, validate: bool = True) -> JobSpec:
             f"EnableNetworkIsolation {isolation!r} must be true or false (a JSON boolean)"
         )
     tags = {t["Key"]: t["Value"] for t in request.get("Tags") or []}
-    for key, value in tags.items():
-        if key.startswith("trainport:") and key not in EXTENSION_TAGS:
-            raise ValidationError(
-                f"Tags: unknown trainport extension {key!r}; known: {', '.join(EXTENSION_TAGS)}"
-            )
-        if key == "trainport:runner" and value not in ("auto", "sandbox", "process", "ray"):
-            raise ValidationError(
-                f"Tags: trainport:runner={value!r}; use auto, sandbox, process or ray"
-            )
-        if key == "trainport:pipe-workers" and not (value.isdigit() and 1 <= int(value) <= 1024):
-            raise ValidationError(
-                f"Tags: trainport:pipe-workers={value!r} must be a whole number of worker "
-                "processes from 1 to 1024"
-            )
-        if key == "trainport:resources":
-            from trainport.runners.limits import parse_resources_tag
-
-            parse_resources_tag(value)
-        if key == "trainport:distribution" and value not in ("torchrun", "mpi", "smddp"):
-            raise ValidationError(
-                f"Tags: trainport:distribution={value!r}; use torchrun, mpi or smddp"
-            )
-        if key == "trainport:processes-per-host" and not (
-            value.isdigit() and 1 <= int(value) <= 64
-        ):
-            raise ValidationError(
-                f"Tags: trainport:processes-per-host={value!r} must be a whole number from 1 to 64"
-            )
-        if key == "trainport:gpus-per-host":
-            from trainport.host import gpus
-
-            gpus.parse_tag(value)
-        if key == "trainport:network" and value not in ("loopback", "namespaces"):
-            raise ValidationError(f"Tags: trainport:network={value!r}; use loopback or namespaces")
-        if key == "trainport:host-bandwidth":
-            from trainport.runners.netns import parse_bandwidth
-
-            parse_bandwidth(value)
-            if tags.get("trainport:network") != "namespaces":
-                raise ValidationError(
-                    "Tags: trainport:host-bandwidth needs trainport:network=namespaces "
-                    "(loopback traffic cannot be shaped per host)"
-                )
-        if key == "trainport:stop-grace-seconds":
-            _check_stop_grace(value)
+    extension_tags.check(tags)
     return JobSpec(
         name=request["TrainingJobName"],
         request=request,

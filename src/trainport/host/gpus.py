@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainport import tags
 from trainport.errors import ValidationError
 
 __all__ = ["GpuShare", "machine_gpus", "share"]
@@ -69,6 +70,11 @@ def parse_tag(value: str | None) -> int | None:
     if value.isdigit() and int(value) <= 64:
         return int(value)
     raise ValidationError(f"Tags: {TAG}={value!r} must be a whole number from 0 to 64 or 'all'")
+
+
+@tags.parser(TAG)
+def _check_tag(value: str, others: Mapping[str, str]) -> None:
+    parse_tag(value)
 
 
 def share(gpus: Sequence[str], hosts: int, index: int, per_host: int | None) -> GpuShare:

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainport import tags
 from trainport.errors import ValidationError
 from trainport.instances import INSTANCE_TYPES, HostShape, parse_instance_types
 
@@ -74,6 +75,11 @@ def parse_resources_tag(value: str | None) -> str:
             "CPUs and processes, the default) or machine (no limits)"
         )
     return value
+
+
+@tags.parser(RESOURCES_TAG)
+def _check_tag(value: str, others: Mapping[str, str]) -> None:
+    parse_resources_tag(value)
 
 
 def host_limits(instance_type: str, tags: Mapping[str, str], sizes: str = "") -> Limits | None:

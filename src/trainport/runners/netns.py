@@ -40,9 +40,11 @@ import shutil
 import socket
 import struct
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainport import tags
 from trainport.errors import SandboxError, ValidationError
 
 __all__ = [
@@ -73,6 +75,16 @@ def parse_bandwidth(value: str) -> str:
             f"trainport:host-bandwidth={value!r}: write a rate such as 100mbit, 1gbit or 500kbit"
         )
     return rate
+
+
+@tags.parser("trainport:host-bandwidth")
+def _check_bandwidth_tag(value: str, others: Mapping[str, str]) -> None:
+    parse_bandwidth(value)
+    if others.get("trainport:network") != "namespaces":
+        raise ValidationError(
+            "Tags: trainport:host-bandwidth needs trainport:network=namespaces "
+            "(loopback traffic cannot be shaped per host)"
+        )
 
 
 def netns_problem() -> str | None:
