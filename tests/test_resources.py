@@ -5,6 +5,7 @@ shaping of metric steps and host order."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,33 @@ def busy() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
+
+
+# Starts BUSY as a child in a session (and group) of its own, as an init such as tini
+# starts the training process, and says the child's pid.
+PARENT = (
+    "import subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', sys.argv[1]], start_new_session=True)\n"
+    "print(child.pid, flush=True)\n"
+    "child.wait()\n"
+)
+
+
+def test_the_children_of_a_group_in_groups_of_their_own_count_too() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, BUSY], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 30
+        while (usage := usage_of_group(parent.pid)).memory_bytes < 60 << 20:
+            assert time.monotonic() < deadline, f"the child's memory never counted: {usage}"
+            time.sleep(0.1)
+        assert usage.source == "processes"
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.wait()
 
 
 def test_a_process_group_without_a_cgroup_of_its_own_is_read_from_its_processes(

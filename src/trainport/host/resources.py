@@ -3,8 +3,8 @@
 The agent samples what the training process group uses once a :data:`SAMPLE_SECONDS`:
 from the group's own cgroup when it has one (a sandboxed host's runc container gets
 ``/trainport/<container>``, see :mod:`trainport.runners.limits`), else from the processes
-of the group as ``/proc`` shows them (the process runner, where the host shares the
-agent's cgroup). Each sample is (unix time, CPUs busy, memory bytes): CPUs busy is CPU
+of the group and their descendants as ``/proc`` shows them (the process runner, where the
+host shares the agent's cgroup). Each sample is (unix time, CPUs busy, memory bytes): CPUs busy is CPU
 seconds per wall second since the previous sample (1.5 = one and a half cores), memory is
 what the host holds, page cache it could drop left out (as ``docker stats`` counts it).
 
@@ -158,10 +158,11 @@ def _cgroup_usage(pgid: int) -> Usage | None:
 
 
 def _process_usage(pgid: int) -> Usage:
-    """The sum over the group's processes: CPU time of each and of its reaped children
+    """The sum over the group's processes and their descendants (an init such as tini
+    starts its child in a group of its own): CPU time of each and of its reaped children
     (so a worker that ended still counts), resident memory of the living."""
-    cpu_ticks = 0
-    rss_pages = 0
+    found: dict[int, tuple[int, int, int]] = {}  # pid -> (parent, CPU ticks, RSS pages)
+    members: list[int] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -171,10 +172,25 @@ def _process_usage(pgid: int) -> Usage:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if len(fields) < 22 or int(fields[2]) != pgid:
+        if len(fields) < 22:
             continue
-        cpu_ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-        rss_pages += int(fields[21])
+        pid = int(entry)
+        ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        found[pid] = (int(fields[1]), ticks, int(fields[21]))
+        if int(fields[2]) == pgid:
+            members.append(pid)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in found.items():
+        children.setdefault(parent, []).append(pid)
+    counted: set[int] = set()
+    todo = members
+    while todo:
+        pid = todo.pop()
+        if pid not in counted:
+            counted.add(pid)
+            todo.extend(children.get(pid, ()))
+    cpu_ticks = sum(found[pid][1] for pid in counted)
+    rss_pages = sum(found[pid][2] for pid in counted)
     return Usage(cpu_ticks / _TICKS, rss_pages * _PAGE, "processes")
 
 
