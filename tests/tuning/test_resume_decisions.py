@@ -34,26 +34,27 @@ def _trial(name: str, index: int, values: list[float], start: float, **kw: Any) 
 
 
 def test_a_trial_pauses_at_a_rung_unless_it_is_already_among_the_best_third() -> None:
-    first = _trial("a", 0, [2.0], 0, running=False, paused=True)
+    first = _trial("a", 0, [2.0], 0, running=False, paused=True, paused_at=1)
     second = _trial("b", 1, [3.0], 1)
     # Two at the rung: none goes on yet (n // 3 == 0).
-    assert hyperband_pauses([first, second], 1, 9, MIN) == (["b"], [])
+    assert hyperband_pauses([first, second], 1, 9, MIN) == ([("b", 1)], [])
     third = _trial("c", 2, [1.0], 2)
-    assert hyperband_pauses([first, second, third], 1, 9, MIN) == (["b"], [])
+    assert hyperband_pauses([first, second, third], 1, 9, MIN) == ([("b", 1)], [])
     # A continuation is judged only at rungs it reached itself.
     resumed = _trial("a-r1", 0, [2.0, 1.5], 0, before=1)
-    assert "a-r1" not in hyperband_pauses([resumed, second, third], 1, 9, MIN)[0]
+    assert hyperband_pauses([resumed, second, third], 1, 9, MIN)[0] == [("b", 1)]
 
 
 def test_promotions_take_the_best_third_and_the_last_call_takes_the_best() -> None:
     paused = [
-        _trial(f"p{i}", i, [v], i, running=False, paused=True) for i, v in enumerate([3, 1, 2])
+        _trial(f"p{i}", i, [v], i, running=False, paused=True, paused_at=1)
+        for i, v in enumerate([3, 1, 2])
     ]
     assert hyperband_promotions(paused, 1, 9, MIN) == ["p1"]
     # Two at rung 3, none running and no new trial left: the better one goes on.
     high = [
-        _trial("h0", 0, [1, 0.9, 0.8], 0, running=False, paused=True),
-        _trial("h1", 1, [1, 0.7, 0.6], 0, running=False, paused=True),
+        _trial("h0", 0, [1, 0.9, 0.8], 0, running=False, paused=True, paused_at=3),
+        _trial("h1", 1, [1, 0.7, 0.6], 0, running=False, paused=True, paused_at=3),
     ]
     assert hyperband_promotions(high, 1, 9, MIN) == []
     assert hyperband_promotions(high, 1, 9, MIN, last_call=True) == ["h1"]
@@ -67,21 +68,25 @@ class _Job:
     points: list[tuple[float, float]] = field(default_factory=list)
 
 
-def test_a_hyperband_run_with_checkpoints_trains_fewer_epochs_and_completes_the_best() -> None:
-    """The whole loop on a fake clock: each running child reports one epoch a tick."""
+def _simulate(lag: int) -> tuple[TuningRecord, dict[str, _Job], list[ChildView]]:
+    """A Hyperband run with checkpoints on a fake clock: each running child reports one
+    epoch a tick, and a stop takes effect ``lag`` ticks after it is asked for (a child
+    trains on meanwhile, as a real one does until the stop reaches it)."""
     body = {"CheckpointConfig": {"S3Uri": "s3://ckpt"}}
     definition = Definition(None, body, (SHIFT,), MIN, {})
     spec = TuningSpec("t", "Hyperband", (definition,), 6, 2, max_resource=9)
     shifts = [5.0, 2.0, 4.5, 3.1, 0.5, 3.0]
     record = TuningRecord("t", "arn", {}, 0.0, seed=1)
     jobs: dict[str, _Job] = {}
-    finish = None
-    for tick in range(1, 100):
-        for job in jobs.values():
+    stopping: dict[str, int] = {}
+    for tick in range(1, 200):
+        for name, job in jobs.items():
             epoch = job.start + len(job.points)
-            if job.status == "InProgress" and epoch == 9:
+            if name in stopping and tick >= stopping[name]:
+                job.status = "Stopped"
+            elif job.status in ("InProgress", "Stopping") and epoch == 9:
                 job.status = "Completed"
-            elif job.status == "InProgress":
+            elif job.status in ("InProgress", "Stopping"):
                 job.points.append((tick, (job.shift - 3) ** 2 + 1 / (epoch + 1)))
         views = [
             ChildView(c, jobs[c.name].status, tuple(jobs[c.name].points), 0, tick)
@@ -89,11 +94,13 @@ def test_a_hyperband_run_with_checkpoints_trains_fewer_epochs_and_completes_the_
         ]
         plan = decide(spec, record, views, tick)
         if plan.finish:
-            finish = plan.finish
-            break
+            assert plan.finish == ("Completed", None)
+            return record, jobs, views
+        rungs = dict(plan.paused_at)
         for name, why in plan.stop:
-            jobs[name].status = "Stopped"
-            record = record.with_child(name, stop_reason=why)
+            jobs[name].status = "Stopping"
+            stopping[name] = tick + lag
+            record = record.with_child(name, stop_reason=why, paused_at=rungs.get(name))
         new = []
         for paused in plan.promote:
             name = f"{record.first_of_trial(paused).name}-r"
@@ -105,7 +112,11 @@ def test_a_hyperband_run_with_checkpoints_trains_fewer_epochs_and_completes_the_
             new.append(Child(0, f"t{trial}", None, {}, "created", tick))
         new = [dataclasses.replace(c, index=len(record.children) + i) for i, c in enumerate(new)]
         record = dataclasses.replace(record, children=record.children + tuple(new))
-    assert finish == ("Completed", None)
+    raise AssertionError("the tuning job never ended")
+
+
+def test_a_hyperband_run_with_checkpoints_trains_fewer_epochs_and_completes_the_best() -> None:
+    record, jobs, views = _simulate(lag=0)
     assert record.trials == 6
     # The best trial (shift 3) was paused at rung 3 and resumed there, to MaxResource.
     best = best_child(views, MIN)
@@ -113,6 +124,22 @@ def test_a_hyperband_run_with_checkpoints_trains_fewer_epochs_and_completes_the_
     assert jobs["t5-r"].start == 3 and jobs["t5-r"].status == "Completed"
     # 16 epochs in all, against 54 for six full trials; restarting would cost 3 more.
     assert sum(len(j.points) for j in jobs.values()) == 16
+
+
+def test_epochs_trained_past_a_rung_before_a_pause_landed_promote_no_one() -> None:
+    record, jobs, views = _simulate(lag=2)
+    best = best_child(views, MIN)
+    assert best is not None and best.child.name.startswith("t5-r")
+    assert jobs[best.child.name].start + len(jobs[best.child.name].points) == 9
+    # Only the best trial trained to MaxResource: the others' extra epochs (trained while
+    # their pause was on its way) did not carry them past the rungs.
+    full = {
+        record.first_of_trial(c.name).name
+        for c in record.children
+        if jobs[c.name].start + len(jobs[c.name].points) == 9
+    }
+    assert full == {"t5"}
+    assert sum(len(j.points) for j in jobs.values()) < 6 * 9
 
 
 def _ended(values: list[float]) -> list[ChildView]:

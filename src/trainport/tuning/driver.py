@@ -135,8 +135,9 @@ class TuningDriver:
         self, record: TuningRecord, spec: TuningSpec, views: list[ChildView], plan: Plan
     ) -> None:
         store = self.service.store
+        rungs = dict(plan.paused_at)
         for child, why in plan.stop:
-            self._stop_child(record.name, child, why)
+            self._stop_child(record.name, child, why, rungs.get(child))
         if plan.ending and not record.ending:
             log.info(
                 "tuning job %s: ends (%s); stopping its running children", record.name, plan.ending
@@ -151,7 +152,7 @@ class TuningDriver:
         if plan.finish is not None:
             self._finish(record, *plan.finish)
 
-    def _stop_child(self, tuning: str, child: str, why: str) -> None:
+    def _stop_child(self, tuning: str, child: str, why: str, rung: int | None = None) -> None:
         try:
             self.service.jobs.stop(child)
         except TrainportError as exc:
@@ -159,8 +160,12 @@ class TuningDriver:
         if why == "early":
             log.info("tuning job %s: stopped %s early", tuning, child)
         elif why == "pause":
-            log.info("tuning job %s: paused %s at a rung (its checkpoint kept)", tuning, child)
-        self.service.store.update(tuning, lambda r: r.with_child(child, stop_reason=why))
+            log.info(
+                "tuning job %s: paused %s at rung %s (its checkpoint kept)", tuning, child, rung
+            )
+        self.service.store.update(
+            tuning, lambda r: r.with_child(child, stop_reason=why, paused_at=rung)
+        )
 
     def _finish(self, seen: TuningRecord, status: str, reason: str | None) -> None:
         def finish(r: TuningRecord) -> TuningRecord:

@@ -74,6 +74,7 @@ class Plan:
     launch: int = 0
     stop: tuple[tuple[str, str], ...] = ()  # (child, why: "early", "pause" or "tuning")
     promote: tuple[str, ...] = ()  # paused children to continue from their checkpoint
+    paused_at: tuple[tuple[str, int], ...] = ()  # the rung each child paused now is at
     ending: str | None = None
     finish: tuple[str, str | None] | None = None  # (status, FailureReason)
 
@@ -210,13 +211,17 @@ def _trials(views: Sequence[ChildView]) -> list[Progress]:
                 v.status == "InProgress" and v.child.stop_reason is None,
                 before=len(points) - len(v.points),
                 paused=v.child.stop_reason == "pause" and v.status == "Stopped",
+                paused_at=v.child.paused_at,
             )
         )
     return out
 
 
-def _early_stops(spec: TuningSpec, views: Sequence[ChildView]) -> list[tuple[str, str]]:
-    """The children to stop now, each with why: "early" or "pause"."""
+def _early_stops(
+    spec: TuningSpec, views: Sequence[ChildView]
+) -> tuple[list[tuple[str, str]], list[tuple[str, int]]]:
+    """The children to stop now, each with why ("early" or "pause"); and the rung each
+    child paused is paused at."""
     if spec.strategy == "Hyperband":
         resuming = {v.child.name for v in views if _resumes(spec, v)}
         trials = _trials(views)
@@ -234,7 +239,7 @@ def _early_stops(spec: TuningSpec, views: Sequence[ChildView]) -> list[tuple[str
             spec.objective,
             stop_at_max=spec.stop_at_max_resource,
         )
-        return [(n, "pause") for n in pauses] + [(n, "early") for n in stops]
+        return [(n, "pause") for n, _ in pauses] + [(n, "early") for n in stops], pauses
     progress = [
         Progress(
             v.child.name,
@@ -246,8 +251,8 @@ def _early_stops(spec: TuningSpec, views: Sequence[ChildView]) -> list[tuple[str
         if v.status != PLANNED
     ]
     if spec.early_stopping:
-        return [(n, "early") for n in median_stops(progress, spec.objective)]
-    return []
+        return [(n, "early") for n in median_stops(progress, spec.objective)], []
+    return [], []
 
 
 def _promotions(
@@ -285,4 +290,7 @@ def decide(spec: TuningSpec, record: TuningRecord, views: Sequence[ChildView], n
         return Plan(finish=_finish(views, spec))
     # Continuations are the same trials resumed: they hold slots, not budget.
     launch = max(0, min(free - len(promote), spec.max_jobs - record.trials))
-    return Plan(launch=launch, stop=tuple(_early_stops(spec, views)), promote=tuple(promote))
+    stops, paused_at = _early_stops(spec, views)
+    return Plan(
+        launch=launch, stop=tuple(stops), promote=tuple(promote), paused_at=tuple(paused_at)
+    )

@@ -77,6 +77,8 @@ class Child:
     # The paused child this one continues (same values, same checkpoint folder); None
     # for a trial's first child.
     continues: str | None = None
+    # The rung a paused child was paused at.
+    paused_at: int | None = None
 
 
 @dataclass(frozen=True)

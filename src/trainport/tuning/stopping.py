@@ -66,6 +66,7 @@ class Progress:
     # trained, and whether its latest child was paused and not yet continued.
     before: int = 0
     paused: bool = False
+    paused_at: int | None = None  # the rung it was paused at
 
 
 def rungs(min_resource: int, max_resource: int, eta: int = ETA) -> list[int]:
@@ -129,16 +130,29 @@ def hyperband_stops(
     return out
 
 
+def _reached(trial: Progress) -> int:
+    """The epochs a trial counts with at rungs: a paused trial only up to the rung it was
+    paused at (epochs it trained before the pause took effect are not a promotion)."""
+    if trial.paused and trial.paused_at is not None:
+        return min(len(trial.points), trial.paused_at)
+    return len(trial.points)
+
+
 def _rank_at(child: Progress, rung: int, peers: Sequence[Progress], objective: Objective) -> int:
-    """How many of ``peers`` did strictly better than ``child`` at ``rung``."""
+    """How many of ``peers`` at ``rung`` did strictly better than ``child`` there."""
     value = child.points[rung - 1][1]
     return sum(
         1
         for p in peers
         if p.name != child.name
-        and len(p.points) >= rung
+        and _reached(p) >= rung
         and objective.better(p.points[rung - 1][1], value)
     )
+
+
+def _at_rung(child: Progress, rung: int, peers: Sequence[Progress]) -> int:
+    """How many trials are at ``rung``, ``child`` counted."""
+    return 1 + sum(1 for p in peers if p.name != child.name and _reached(p) >= rung)
 
 
 def _goes_on_at_arrival(
@@ -150,9 +164,7 @@ def _goes_on_at_arrival(
     earlier = [
         p
         for p in peers
-        if p.name != child.name
-        and len(p.points) >= rung
-        and (p.points[rung - 1][0], p.index) < stamp
+        if p.name != child.name and _reached(p) >= rung and (p.points[rung - 1][0], p.index) < stamp
     ]
     return _rank_at(child, rung, earlier, objective) < (len(earlier) + 1) // ETA
 
@@ -164,11 +176,11 @@ def hyperband_pauses(
     objective: Objective,
     *,
     stop_at_max: bool = False,
-) -> tuple[list[str], list[str]]:
-    """With checkpoints: the running trials to pause now (at a rung their latest child
-    reached, not good enough to go on), and those to stop (``stop_at_max``: they have had
-    MaxResource epochs). Each decision reads only points recorded before it, so a
-    restarted driver decides the same."""
+) -> tuple[list[tuple[str, int]], list[str]]:
+    """With checkpoints: the running trials to pause now, each with the rung it is paused
+    at (one its latest child reached, where it is not good enough to go on), and those to
+    stop (``stop_at_max``: they have had MaxResource epochs). Each decision reads only
+    points recorded before it, so a restarted driver decides the same."""
     levels = rungs(min_resource, max_resource)
     pauses, stops = [], []
     for trial in trials:
@@ -177,10 +189,11 @@ def hyperband_pauses(
         if stop_at_max and len(trial.points) >= max_resource:
             stops.append(trial.name)
             continue
-        # Only rungs this child reached: a rung an earlier child reached was judged then.
-        reached = [r for r in levels if trial.before < r <= len(trial.points)]
-        if any(not _goes_on_at_arrival(trial, r, trials, objective) for r in reached):
-            pauses.append(trial.name)
+        # Only rungs this child reached: those below were judged before it was started.
+        for rung in (r for r in levels if trial.before < r <= len(trial.points)):
+            if not _goes_on_at_arrival(trial, rung, trials, objective):
+                pauses.append((trial.name, rung))
+                break
     return pauses, stops
 
 
@@ -193,23 +206,23 @@ def hyperband_promotions(
     last_call: bool = False,
 ) -> list[str]:
     """The paused trials to continue, in the order to continue them (highest rung first,
-    then the best there). ``last_call``: no new trial is left to start and none runs; the
-    best paused trial of the highest rung is promoted even where its rung has fewer than
-    ``eta`` trials."""
-    levels = rungs(min_resource, max_resource)
+    then the best there). A trial whose child trained past its rung before the pause took
+    effect must rank within the best ``n // eta`` at those rungs too, since its
+    continuation starts above them. ``last_call``: no new trial is left to start and none
+    runs; the best paused trial of the highest rung is promoted even where its rung has
+    fewer than ``eta`` trials."""
     ranked: list[tuple[int, int, str]] = []  # (-rung, rank, name)
     best_left: tuple[int, int, str] | None = None
     for trial in trials:
-        if not trial.paused or len(trial.points) >= max_resource:
+        rung = trial.paused_at
+        if not trial.paused or rung is None or len(trial.points) >= max_resource:
             continue
-        at = [r for r in levels if r <= len(trial.points)]
-        if not at:
-            continue
-        rung = at[-1]
         rank = _rank_at(trial, rung, trials, objective)
-        n = sum(1 for p in trials if len(p.points) >= rung)
         key = (-rung, rank, trial.name)
-        if rank < n // ETA:
+        past = [r for r in rungs(min_resource, max_resource) if rung <= r <= len(trial.points)]
+        if all(
+            _rank_at(trial, r, trials, objective) < _at_rung(trial, r, trials) // ETA for r in past
+        ):
             ranked.append(key)
         elif rank == 0 and (best_left is None or key < best_left):
             best_left = key
