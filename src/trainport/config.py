@@ -111,6 +111,9 @@ class Settings:
     # The embedded store's folder when it is not under ``home``: a host agent on a Ray
     # node keeps its work under a home of its own but reads the submitter's store.
     store_dir: Path | None = None
+    # Where framework and requirements environments are built and cached
+    # (TRAINPORT_ENVS_DIR; ``home``/envs by default): several homes may share one.
+    envs_root: Path | None = None
     # RoleArn -> the credentials its jobs get (TRAINPORT_ROLE_CREDENTIALS, or roles.json
     # under home); a role not listed gets none.
     role_credentials: tuple[tuple[str, RoleCredentials], ...] = ()
@@ -141,7 +144,7 @@ class Settings:
 
     @property
     def envs_dir(self) -> Path:
-        return self.home / "envs"
+        return self.envs_root or self.home / "envs"
 
     @property
     def server_keys_path(self) -> Path:
@@ -229,6 +232,11 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
             env.get("AWS_SHARED_CREDENTIALS_FILE") or Path.home() / ".aws" / "credentials"
         ).expanduser(),
         use_aws_credentials=_flag(env, "TRAINPORT_AWS_CREDENTIALS"),
+        envs_root=(
+            Path(env["TRAINPORT_ENVS_DIR"]).expanduser().resolve()
+            if env.get("TRAINPORT_ENVS_DIR")
+            else None
+        ),
     )
 
 

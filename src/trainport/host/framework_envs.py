@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainport.errors import ValidationError
+from trainport.host.envbuild import STEP_PREFIX as STEP
 from trainport.host.frameworks import Framework, FrameworkImage
 
 __all__ = [
@@ -70,6 +71,21 @@ _NUMPY_2_FROM = {
     Framework.XGBOOST: (2, 1),
 }
 _PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# TensorFlow's container ships PipeModeDataset (``from sagemaker_tensorflow import
+# PipeModeDataset``), one release of it per TensorFlow release. The index publishes it for
+# the container's Python only; its compiled op links TensorFlow, not libpython, so the
+# image's wheel loads on the job's Python and goes in as it is (envbuild's for-python step).
+_PIPE_MODE_DATASET = "sagemaker-tensorflow"
+# And Horovod, built from source against the layer's TensorFlow (its ops compile against
+# TensorFlow's headers and library): MPI for mpirun's ranks, Gloo beside it.
+_HOROVOD = "horovod==0.28.1"
+_HOROVOD_BUILD = (
+    "HOROVOD_WITH_TENSORFLOW=1",
+    "HOROVOD_WITHOUT_PYTORCH=1",
+    "HOROVOD_WITHOUT_MXNET=1",
+    "HOROVOD_WITH_MPI=1",
+    "HOROVOD_WITH_GLOO=1",
+)
 
 
 @dataclass(frozen=True)
@@ -93,9 +109,13 @@ def framework_version(image: FrameworkImage) -> str:
     return image.version.split("-", 1)[0]
 
 
-def environment_for(image: FrameworkImage, *, torch: str | None) -> FrameworkEnvironment | None:
+def environment_for(
+    image: FrameworkImage, *, torch: str | None, python: str | None = None
+) -> FrameworkEnvironment | None:
     """The layer that makes the interpreter ``image``'s environment, or None where it is
-    already (``torch``: the interpreter's PyTorch version, None if it has none)."""
+    already (``torch``: the interpreter's PyTorch version, None if it has none; ``python``:
+    its ``major.minor``, this process's by default)."""
+    python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     version = framework_version(image)
     if image.framework is Framework.PYTORCH and torch:
         # The interpreter's own PyTorch plays every PyTorch image (torch_note says when its
@@ -113,7 +133,20 @@ def environment_for(image: FrameworkImage, *, torch: str | None) -> FrameworkEnv
             lines.append("numpy<2")
         elif companion != package:
             lines.append(companion)
+    if image.framework is Framework.TENSORFLOW:
+        lines += _tensorflow_extras(image, version, python)
     return FrameworkEnvironment(image, package, version, tuple(lines))
+
+
+def _tensorflow_extras(image: FrameworkImage, version: str, python: str) -> list[str]:
+    """PipeModeDataset of the TensorFlow release, for the image's Python where it is not
+    the job's; and Horovod (envbuild's steps, as the lines say them)."""
+    release = ".".join(version.split(".")[:2])
+    pipe_mode = f"{_PIPE_MODE_DATASET}=={release}.*"
+    shipped = image.python if image.python and "." in image.python else None
+    if shipped and shipped != python:
+        pipe_mode = f"{STEP}for-python {shipped} {pipe_mode}"
+    return [pipe_mode, f"{STEP}compile {' '.join(_HOROVOD_BUILD)} {_HOROVOD}"]
 
 
 def _release(version: str) -> tuple[int, ...]:

@@ -440,6 +440,10 @@ def _layer(
             named, cwd = requirements.name, requirements.parent
         # By path, with -I: the base interpreter need not have trainport installed.
         argv = [base_python, "-I", str(Path(__file__).with_name("envbuild.py"))]
+        if requirements is None:
+            # A framework image's lines may carry steps beyond pip's (envbuild's
+            # docstring); a source's requirements.txt never does.
+            argv.append("--layer-steps")
         argv += [str(building), str(final), named, *base["site"]]
         try:
             if build is None:
