@@ -12,7 +12,8 @@ lower layers. The script reads the source (it imports nothing of trainport) and 
   the job's record is stored (``JobService._launch`` and on are the job's start), found by
   reading the calls a function makes to names it imports or defines; each call from a
   room into a room of a higher layer is a climb. Calls on objects whose type the reader
-  cannot see (``self.store.exists``) are not followed, so the walk is a lower bound.
+  cannot see (``self.store.exists``) are not followed, so the walk is a lower bound; a
+  function that reads a module's table of functions (a tuple of checks) may call each.
 
 Run: ``python scripts/layers.py [--verbose]``; exits 1 when there is a circle or an
 up-import, so it can guard a check.
@@ -254,10 +255,37 @@ def climbs(
             return resolve(ref, func.attr)
         return None
 
+    def tables(mod: str) -> dict[str, list[str]]:
+        """Module-level names bound to a table of functions (a tuple of checks, say): a
+        function that reads the table may call any of them."""
+        found: dict[str, list[str]] = {}
+        for node in modules[mod].tree.body:
+            targets: list[ast.expr] = [node.target] if isinstance(node, ast.AnnAssign) else []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            value = getattr(node, "value", None)
+            if value is None:
+                continue
+            refs = [
+                n.id
+                for n in ast.walk(value)
+                if isinstance(n, ast.Name) and n.id in modules[mod].functions
+            ]
+            for target in targets:
+                if isinstance(target, ast.Name) and refs:
+                    found[target.id] = refs
+        return found
+
     def walk(mod: str, qual: str) -> None:
         seen.add((mod, qual))
         order.append(f"{mod}:{qual}")
+        table = tables(mod)
         for node in ast.walk(modules[mod].functions[qual]):
+            if isinstance(node, ast.Name) and node.id in table:
+                for ref in table[node.id]:
+                    if (mod, ref) not in seen:
+                        walk(mod, ref)
+                continue
             if not isinstance(node, ast.Call):
                 continue
             found = callee(mod, qual, node)

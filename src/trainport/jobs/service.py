@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,16 +32,13 @@ from typing import Any
 
 from trainport.config import Settings, load_settings
 from trainport.errors import DatabaseError, JobError, ResourceInUseError, ValidationError
-from trainport.host import command as commands
 from trainport.host.artifacts import scratch_dir, upload_merged
-from trainport.host.channels import resolve_channel
-from trainport.jobs import liveness
+from trainport.jobs import admission, liveness
 from trainport.jobs.db import JobDB, JobSummary, ListQuery
 from trainport.jobs.records import JobRecord, Transition
 from trainport.jobs.status import Finished, Phase, Status, StopRequested, advance
-from trainport.runners.registry import select_runner
-from trainport.spec import JobSpec, confined_uri, parse_request
-from trainport.store.api import ObjectStore, S3Uri
+from trainport.spec import JobSpec, parse_request
+from trainport.store.api import ObjectStore
 from trainport.store.registry import open_store
 
 __all__ = ["JobService", "LogLine", "in_queue", "is_orphan"]
@@ -135,58 +131,10 @@ class JobService:
     # -- create ---------------------------------------------------------------------------
 
     def check(self, request: dict[str, Any]) -> JobSpec:
-        """Validate ``request`` and everything it points at, without running anything."""
-        spec = parse_request(request)
-        # Asks no container engine: an image is pulled when its job starts.
-        how = commands.check_runnable(spec, ask_engine=False)
-        from trainport.runners.netns import netns_problem
-
-        if spec.tags.get("trainport:network") == "namespaces":
-            problem = netns_problem()
-            if problem:
-                raise ValidationError(f"Tags: trainport:network=namespaces: {problem}")
-        # A container's own "no network" would cut an isolated job's hosts off from each other.
-        multi = len(spec.hosts) > 1
-        if how == "container" and spec.network_isolation and multi and netns_problem():
-            raise ValidationError(commands.ISOLATED_HOSTS_NEED_NAMESPACES)
-        for channel in spec.channels:
-            resolve_channel(self.store, channel)
-        if spec.checkpoint_uri:
-            S3Uri.parse(spec.checkpoint_uri, field="CheckpointConfig.S3Uri")
-        if how == "script":
-            self._check_script(spec)
-        return spec
-
-    def _check_script(self, spec: JobSpec) -> None:
-        from trainport.host import framework_envs, script_mode
-
-        raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
-        if not raw.startswith("s3://") and commands.engine_may_have(spec):
-            # A folder inside the image (the SDK's with network isolation): right where an
-            # engine runs the image, which submission does not ask; the job's start does.
-            return
-        framework_envs.check_image(spec.training_image, self.settings.envs_dir)
-
-        uri = confined_uri(raw, "HyperParameters.sagemaker_submit_directory")
-        if not self.store.exists(uri.bucket, uri.key):
-            raise ValidationError(
-                f"HyperParameters.sagemaker_submit_directory: {raw} does not exist in the "
-                f"{self.store.description}"
-            )
-        # By its form first: the archive is unpacked into a folder of this machine, and a
-        # program that escaped it would be found or not there, telling which files exist.
-        program = script_mode.check_entry(spec.hyperparameters["sagemaker_program"].strip('"'))
-        with tempfile.TemporaryDirectory(prefix="trainport-check-") as tmp:
-            script_mode.unpack_sourcedir(
-                self.store.get_bytes(uri.bucket, uri.key),
-                Path(tmp),
-                max_bytes=self.settings.max_sourcedir_bytes,
-            )
-            if not (Path(tmp) / program).is_file():
-                raise ValidationError(
-                    f"HyperParameters.sagemaker_program: the entry point {program!r} is not in "
-                    f"the source archive {raw}; check --entry-point and --source-dir"
-                )
+        """Validate ``request`` and everything it points at, without running anything:
+        parsed (a pure function of the request), then asked of every part with a say, in
+        the fixed order of :mod:`trainport.jobs.admission`."""
+        return admission.admit(parse_request(request), self.settings, self.store)
 
     def admit(self, request: dict[str, Any]) -> JobSpec:
         """The checks of :meth:`create` that come before anything is stored: a name already
@@ -221,22 +169,9 @@ class JobService:
         ``tuning_job_arn`` names the tuning job that launches it, if one does."""
         spec = admitted or self.admit(request)
         requested = runner or spec.runner or self.settings.runner
-        if requested == "ray":
-            from trainport.placement.ray import check_cluster, check_ray_job
-
-            check_ray_job(spec)
-            check_cluster(spec, self.settings)
-            runner_name = "ray"
-        else:
-            chosen = select_runner(requested)
-            runner_name = chosen.name
-        if runner_name == "process" and not self.allow_process_runner:
-            raise ValidationError(
-                f"Training job {spec.name!r} would run under the process runner, which "
-                "isolates nothing (the job could read the store, the job database and the "
-                "server's keys); this server refuses it. Its operator may allow it with "
-                "TRAINPORT_SERVER_ALLOW_PROCESS_RUNNER=1, or make the sandbox work here"
-            )
+        runner_name = admission.place(
+            spec, requested, self.settings, allow_process=self.allow_process_runner
+        )
         now = time.time()
         record = JobRecord(
             name=spec.name,
