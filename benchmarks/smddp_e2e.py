@@ -13,7 +13,8 @@ loopback. Two methods take turns in the same run:
   among one leader per host, then back within the host).
 
 Printed per rate: samples/s of each (N x batch / mean step of the slowest rank) and the
-ratio smddp / ddp.
+ratio smddp / ddp; ``--balanced`` adds the balanced hook over all ranks without the
+hierarchy, for comparison.
 
     sudo python benchmarks/smddp_e2e.py               # 4 hosts x 2 ranks, 1000 and 400 Mbit
 """
@@ -78,6 +79,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--balanced",
+        action="store_true",
+        help="also the balanced hook over all ranks, without the hierarchy (a third method)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/smddp_e2e"))
     opts = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -85,12 +91,12 @@ def main() -> None:
         key: getattr(opts, key)
         for key in ("width", "layers", "batch", "forward_ms", "backward_ms", "bucket_mb")
     }
-    args.update(
-        methods=["ddp", "hierarchical"], warmup=opts.warmup, rounds=opts.rounds, steps=opts.steps
-    )
+    methods = ["ddp", "hierarchical", *(["balanced"] if opts.balanced else [])]
+    args.update(methods=methods, warmup=opts.warmup, rounds=opts.rounds, steps=opts.steps)
     world = opts.hosts * opts.per_host
     print(f"{opts.hosts} hosts x {opts.per_host} ranks; load before: {os.getloadavg()[0]:.2f}")
-    print(f"{'link':>10} {'ddp samples/s':>14} {'smddp samples/s':>16} {'smddp/ddp':>10}")
+    extra = f" {'balanced samples/s':>19} {'balanced/ddp':>13}" if opts.balanced else ""
+    print(f"{'link':>10} {'ddp samples/s':>14} {'smddp samples/s':>16} {'smddp/ddp':>10}{extra}")
     for k, rate in enumerate(opts.networks):
         with Hosts(opts.hosts, rate) as hosts:
             started = time.monotonic()
@@ -99,8 +105,12 @@ def main() -> None:
                 r["method"]: r for r in summarise(hosts.label, world, reports, opts.batch, None)
             }
         ddp, smddp = rows["ddp"]["samples_s"], rows["hierarchical"]["samples_s"]
+        extra = ""
+        if opts.balanced:
+            flat = rows["balanced"]["samples_s"]
+            extra = f" {flat:>19.1f} {flat / ddp:>13.3f}"
         print(
-            f"{hosts.label:>10} {ddp:>14.1f} {smddp:>16.1f} {smddp / ddp:>10.3f}"
+            f"{hosts.label:>10} {ddp:>14.1f} {smddp:>16.1f} {smddp / ddp:>10.3f}{extra}"
             f"   ({time.monotonic() - started:.0f} s)"
         )
         sys.stdout.flush()

@@ -90,17 +90,12 @@ class MpiSettings:
 
     processes_per_host: int | None  # None: the host's GPU count, else 1
     custom_options: tuple[str, ...] = ()
-    # The most GPUs a host's processes follow: its instance type's, where the launch reads
-    # it (SMDDP, as its toolkit runner does); None: every GPU of the host's share.
-    gpu_cap: int | None = None
+    gpu_cap: int | None = None  # at most this many GPUs' processes (SMDDP: the instance's)
 
     def processes_on(self, host_gpus: int) -> int:
-        """Processes on a host whose share holds ``host_gpus`` GPUs: the setting, else one
-        per GPU (at most ``gpu_cap``), else 1."""
-        if self.processes_per_host:
-            return self.processes_per_host
+        """The setting, else one per GPU of the host's share (at most ``gpu_cap``), else 1."""
         gpus = host_gpus if self.gpu_cap is None else min(host_gpus, self.gpu_cap)
-        return gpus or 1
+        return self.processes_per_host or gpus or 1
 
 
 def _plain(value: str | None) -> str:
@@ -114,8 +109,7 @@ def _plain(value: str | None) -> str:
     return str(decoded).lower() if isinstance(decoded, bool) else str(decoded)
 
 
-#: A hyperparameter's plain text (for the other launches that read the SDK's settings).
-plain_value = _plain
+plain_value = _plain  # for the other launches that read the SDK's settings
 
 
 def mpi_settings(spec: JobSpec) -> MpiSettings | None:
@@ -129,8 +123,7 @@ def mpi_settings(spec: JobSpec) -> MpiSettings | None:
     hps = spec.hyperparameters
     enabled = _plain(hps.get(HP_ENABLED)).lower() == "true"
     if not (enabled or spec.tags.get("trainport:distribution") == "mpi"):
-        # SageMaker's data-parallel library launches with mpirun too, settings of its own.
-        from trainport.host import smddp
+        from trainport.host import smddp  # its launch is an MPI one, settings of its own
 
         return smddp.mpi_settings(spec)
     per_host = spec.processes_per_host
@@ -311,15 +304,10 @@ def failure_reason(
     if (rank_match := _PROCESS.search(text)) and (exit_match := _EXIT.search(text)):
         rank = int(rank_match.group(1))
         host = host_of(rank) or "?"
-        # The rank's own note says why (its uncaught exception), where it left one.
-        said = next(
-            (f": {n['error']}" for n in _well_formed(notes) if n["rank"] == rank and n["error"]),
-            "",
-        )
-        return (
-            f"AlgorithmError: MPI rank {rank} on host {host} exited with code "
-            f"{exit_match.group(1)}{said}"
-        )
+        notes_of = (f": {n['error']}" for n in _well_formed(notes) if n["rank"] == rank)
+        said = next((n for n in notes_of if n != ": "), "")  # its uncaught exception, if noted
+        code_text = exit_match.group(1)
+        return f"AlgorithmError: MPI rank {rank} on host {host} exited with code {code_text}{said}"
     if note := first_rank_note(notes):
         rank = note["rank"]
         said = f": {note['error']}" if note.get("error") else ""
