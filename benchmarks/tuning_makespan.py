@@ -9,6 +9,9 @@
 2. **Hyperband against Random.** The same trials (the same seed draws the same values)
    under Hyperband, whose rungs stop children early: the total epochs trained by each,
    and the best objective each found.
+3. **Hyperband with checkpoints.** The same again with a CheckpointConfig: trials are
+   paused at rungs and promoted ones resume from their checkpoints. Its epochs, and the
+   epochs its continuations would have trained had they started again from the first.
 
     python benchmarks/tuning_makespan.py [--trials 16] [--parallel CORES] [--epochs 9]
         [--epoch-seconds 0.3]
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -28,17 +32,24 @@ import boto3
 
 # loss per epoch: a floor set by the values (best at lr=0.01, momentum 0.9) over a
 # learning curve that falls with the epochs.
+# It resumes at the epoch its checkpoint holds (written before the epoch's loss is logged).
 TRAIN_PY = """\
-import argparse, math, time
+import argparse, math, os, pathlib, time
 p = argparse.ArgumentParser()
 p.add_argument("--lr", type=float)
 p.add_argument("--momentum", type=float)
 p.add_argument("--epochs", type=int)
 p.add_argument("--pause", type=float)
 a, _ = p.parse_known_args()
+ckpt = pathlib.Path(os.environ.get("SAGEMAKER_BASE_DIR", "/opt/ml")) / "checkpoints"
+ckpt.mkdir(parents=True, exist_ok=True)
+state = ckpt / "epoch.txt"
+start = int(state.read_text()) if state.exists() else 0
 floor = (math.log10(a.lr) + 2) ** 2 + 4 * (a.momentum - 0.9) ** 2
-for e in range(a.epochs):
+for e in range(start, a.epochs):
     time.sleep(a.pause)
+    (ckpt / "epoch.tmp").write_text(str(e + 1))
+    (ckpt / "epoch.tmp").replace(state)
     print(f"epoch={e} loss={floor + 2 / (e + 1):.5f}", flush=True)
 """
 KEY_ID, SECRET = "TPAKBENCHMARK0000002", "benchmark-secret-tuning"
@@ -99,9 +110,11 @@ def _run(sm: Any, request: dict[str, Any]) -> tuple[dict[str, Any], list[dict[st
     return d, kids
 
 
-def _epochs(home: Path, child: str) -> int:
+def _epochs(home: Path, child: str) -> tuple[int, int]:
+    """The epochs a child trained, and the first of them."""
     log = home / "jobs" / child / "logs" / "algo-1.log"
-    return log.read_text().count(" loss=")
+    numbers = [int(m) for m in re.findall(r"epoch=(\d+) loss=", log.read_text())]
+    return len(numbers), (numbers[0] if numbers else 0)
 
 
 def _makespan(sm: Any, d: dict[str, Any], kids: list[dict[str, Any]], parallel: int) -> None:
@@ -159,23 +172,39 @@ def main() -> None:
                 f"MaxParallelTrainingJobs {args.parallel} ({os.cpu_count()} cores)"
             )
             results = {}
-            for strategy in ("Random", "Hyperband"):
-                d, kids = _run(sm, _request(strategy.lower(), strategy, args))
+            for label, strategy in (
+                ("Random", "Random"),
+                ("Hyperband", "Hyperband"),
+                ("Hyperband+checkpoints", "Hyperband"),
+            ):
+                request = _request(label.lower().replace("+", "-"), strategy, args)
+                if label.endswith("checkpoints"):
+                    request["TrainingJobDefinition"]["CheckpointConfig"] = {
+                        "S3Uri": "s3://bench/checkpoints"
+                    }
+                started = time.monotonic()
+                d, kids = _run(sm, request)
+                took = time.monotonic() - started
                 if strategy == "Random":
                     _makespan(sm, d, kids, args.parallel)
-                epochs = sum(_epochs(home, k["TrainingJobName"]) for k in kids)
+                counted = [_epochs(home, k["TrainingJobName"]) for k in kids]
+                epochs = sum(n for n, _ in counted)
+                again = sum(first for _, first in counted)  # had continuations restarted
                 best = d["BestTrainingJob"]["FinalHyperParameterTuningJobObjectiveMetric"]["Value"]
                 stopped = sum(k["TrainingJobStatus"] == "Stopped" for k in kids)
-                results[strategy] = (epochs, best)
+                results[label] = (epochs, best)
+                extra = f"; {epochs + again} had they restarted" if again else ""
                 print(
-                    f"{strategy:<9}: {epochs:3d} epochs trained ({stopped} children stopped "
-                    f"early), best loss {best:.4f}"
+                    f"{label:<21}: {epochs:3d} epochs trained by {len(kids)} jobs ({stopped} "
+                    f"stopped or paused{extra}), best loss {best:.4f}, {took:.1f} s"
                 )
-            (r_epochs, r_best), (h_epochs, h_best) = results["Random"], results["Hyperband"]
-            print(
-                f"Hyperband/Random: {h_epochs / r_epochs:.2f}x the epochs, best loss "
-                f"{h_best:.4f} vs {r_best:.4f}"
-            )
+            r_epochs, r_best = results["Random"]
+            for label in ("Hyperband", "Hyperband+checkpoints"):
+                epochs, best = results[label]
+                print(
+                    f"{label}/Random: {epochs / r_epochs:.2f}x the epochs, best loss "
+                    f"{best:.4f} vs {r_best:.4f}"
+                )
         finally:
             server.close()
 
