@@ -403,3 +403,30 @@ def test_without_the_charting_library_the_page_says_so_and_shows_tables(
         assert errors == []
     finally:
         context.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "said"),
+    [
+        ("GET", "/api/jobs?size=500", None, "size: expected a number of jobs from 1 to 100"),
+        ("GET", "/api/jobs?sort=Duration", None, "sort: one of CreationTime, Name, Status"),
+        ("GET", "/api/compare?jobs=alpha-run", None, "name from 2 to 10 jobs to compare"),
+        ("GET", "/api/jobs/alpha-run/logs?stream=beta-run/algo-1-1", None, "not a stream of"),
+        ("POST", "/api/signin", b'{"accessKeyId": "x"}', "give both accessKeyId and"),
+        ("POST", "/api/signin", b"not json", "the sign-in body is not JSON"),
+        ("POST", "/api/jobs/alpha-run/stop", b"{}", "it is already Completed"),
+    ],
+)
+def test_bad_dashboard_requests_say_what_is_wrong(
+    site: Site, method: str, path: str, body: bytes | None, said: str
+) -> None:
+    headers = {"Authorization": f"Bearer {site.server.dashboard.token}"}
+    if method == "POST":
+        headers["X-Trainport-Dashboard"] = "1"
+    request = urllib.request.Request(site.server.url + path, data=body, method=method)
+    for name, value in headers.items():
+        request.add_header(name, value)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 400
+    assert said in json.loads(refused.value.read())["message"]

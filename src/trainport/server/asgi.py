@@ -292,7 +292,11 @@ class TrainportApp:
             await _refuse(
                 receive,
                 send,
-                error_response("ValidationException", "a dashboard request body is small", 413),
+                error_response(
+                    "ValidationException",
+                    "a dashboard action takes a body of at most 64 KiB, with its Content-Length",
+                    413,
+                ),
                 length,
             )
             return
