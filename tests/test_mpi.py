@@ -261,6 +261,17 @@ def test_failure_reason_names_the_rank_and_host() -> None:
     assert reason == "AlgorithmError: MPI rank 3 on host algo-2 exited with code 3"
 
 
+def test_a_ranks_note_gives_the_error_behind_its_exit_code() -> None:
+    host_of = mpi.rank_host(["algo-1", "algo-2"], 2)
+    report = ["  Process name: [[36429,1],3]", "  Exit code:    1"]
+    note = json.dumps({"rank": 3, "code": 1, "error": "ValueError: rank 3 gives up", "time": 1.0})
+    other = json.dumps({"rank": 2, "code": 1, "error": "RuntimeError: peer gone", "time": 2.0})
+    reason = mpi.failure_reason(report, host_of, 1, [other, note])
+    assert reason == (
+        "AlgorithmError: MPI rank 3 on host algo-2 exited with code 1: ValueError: rank 3 gives up"
+    )
+
+
 # What mpirun printed in one CI run after rank 3's MPI_Abort, when algo-2's daemon died
 # during the teardown (exit 139): nothing in it names the rank.
 DAEMON_DIED = [
