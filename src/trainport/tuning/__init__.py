@@ -5,7 +5,8 @@ proposes (:mod:`.strategies`), holds ``MaxParallelTrainingJobs`` of them running
 weak ones early (:mod:`.stopping`) and ends when its budget or a completion criterion says.
 The pieces: :mod:`.spec` (the request), :mod:`.records` and :mod:`.store` (the record in
 the job database), :mod:`.plan` (the pure decision of each step), :mod:`.driver` (which
-applies it), :mod:`.service` (what the API and the CLI call).
+applies it), :mod:`.service` (what the API and the CLI call), :mod:`.autotune` (the
+settings trainport chooses for a request with Autotune).
 """
 
 from __future__ import annotations
