@@ -487,28 +487,36 @@ function pickHost(host) {
   pollLog(page);
 }
 
+// One poll at a time; a host picked during a poll is read as soon as that poll ends.
 async function pollLog(state) {
-  if (state.polling) return;
+  if (state.polling) { state.again = true; return; }
   state.polling = true;
   try {
-    // Pages of 1,000 lines until the newest: a long log arrives whole, then follows.
-    for (;;) {
-      const q = new URLSearchParams({ host: state.host });
-      if (state.token) q.set("token", state.token);
-      const host = state.host;
-      const data = await api(`jobs/${encodeURIComponent(state.name)}/logs?` + q);
-      const pre = document.getElementById("log");
-      if (page !== state || state.host !== host || !pre) return;
-      if (data.events.length) {
-        pre.append(data.events.map((e) => e.message).join("\n") + "\n");
-        if (state.follow) pre.scrollTop = pre.scrollHeight;
-      }
-      if (!state.token) showEarlier(state, data.earlier);
-      if (data.nextForwardToken) state.token = data.nextForwardToken;
-      if (data.events.length < 1000) return;
-    }
+    do {
+      state.again = false;
+      await readLog(state);
+    } while (state.again && page === state);
   } finally {
     state.polling = false;
+  }
+}
+
+async function readLog(state) {
+  // Pages of 1,000 lines until the newest.
+  for (;;) {
+    const q = new URLSearchParams({ host: state.host });
+    if (state.token) q.set("token", state.token);
+    const host = state.host;
+    const data = await api(`jobs/${encodeURIComponent(state.name)}/logs?` + q);
+    const pre = document.getElementById("log");
+    if (page !== state || state.host !== host || !pre) return;
+    if (data.events.length) {
+      pre.append(data.events.map((e) => e.message).join("\n") + "\n");
+      if (state.follow) pre.scrollTop = pre.scrollHeight;
+    }
+    if (!state.token) showEarlier(state, data.earlier);
+    if (data.nextForwardToken) state.token = data.nextForwardToken;
+    if (data.events.length < 1000) return;
   }
 }
 
