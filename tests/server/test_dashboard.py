@@ -430,3 +430,14 @@ def test_bad_dashboard_requests_say_what_is_wrong(
         urllib.request.urlopen(request)
     assert refused.value.code == 400
     assert said in json.loads(refused.value.read())["message"]
+
+
+def test_without_auth_everyone_is_signed_in_and_there_is_no_sign_out(server_home: Path) -> None:
+    server = start_server(auth=False)
+    try:
+        with urllib.request.urlopen(server.url + "/api/session") as resp:
+            assert json.loads(resp.read()) == {"signedIn": True, "auth": False, "message": None}
+        with urllib.request.urlopen(server.url + "/api/jobs") as resp:
+            assert json.loads(resp.read()) == {"jobs": [], "next": None}
+    finally:
+        server.close()
