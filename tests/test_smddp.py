@@ -164,8 +164,10 @@ def test_backend_style_two_hosts_with_the_sdks_hyperparameters(home: Path, tmp_p
 @pytest.mark.slow
 def test_older_api_pytorchddp_one_process_per_cpu_host(home: Path, tmp_path: Path) -> None:
     _needs_mpi()
-    # The PyTorch container's own flag for distribution={"pytorchddp": ...}.
-    done = run_job(tmp_path, "smddp-older", OLDER_API, {"sagemaker_pytorch_ddp_enabled": "true"})
+    # The PyTorch container's own flag for distribution={"pytorchddp": ...}; the process
+    # runner here (the others take the default, a sandbox where there is one).
+    hps = {"sagemaker_pytorch_ddp_enabled": "true"}
+    done = run_job(tmp_path, "smddp-older", OLDER_API, hps, "--runner", "process")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert_one_job(rank_reports("smddp-older"), per_host=1)
 
