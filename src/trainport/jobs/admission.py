@@ -92,9 +92,13 @@ def _script(admission: Admission) -> None:
     from trainport.host import framework_envs, script_mode
 
     spec, store = admission.spec, admission.store
+    raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
+    if not raw.startswith("s3://") and commands.engine_may_have(spec):
+        # A folder inside the image (the SDK's with network isolation): right where an
+        # engine runs the image, which admission does not ask; the job's start does.
+        return
     framework_envs.check_image(spec.training_image, admission.settings.envs_dir)
 
-    raw = spec.hyperparameters["sagemaker_submit_directory"].strip('"')
     uri = confined_uri(raw, "HyperParameters.sagemaker_submit_directory")
     if not store.exists(uri.bucket, uri.key):
         raise ValidationError(
