@@ -6,6 +6,7 @@ TFRecord Pipe channel."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -137,7 +138,9 @@ def test_a_layer_step_trainport_does_not_know_stops_the_build() -> None:
 
 @pytest.fixture(scope="session")
 def _tf_envs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tf-envs")
+    # A TRAINPORT_ENVS_DIR already set (a developer's, between runs) is reused as it is.
+    given = os.environ.get("TRAINPORT_ENVS_DIR")
+    return Path(given) if given else tmp_path_factory.mktemp("tf-envs")
 
 
 @pytest.fixture
@@ -154,6 +157,7 @@ def _index_reachable() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the first TensorFlow job builds its environment, Horovod included
 def test_a_pipe_mode_dataset_script_runs_on_the_tensorflow_image_without_requirements(
     home: Path, tf_envs: Path, service: JobService
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,7 @@ print("JOB", estimator.latest_training_job.name, flush=True)
 """
 
 
+@pytest.mark.timeout(3300)  # the first TensorFlow job builds its environment, Horovod included
 def test_horovod_tensorflow_with_a_pipe_channel_per_rank_through_the_sdk(
     tf_envs: Path,  # noqa: F811
     sdk_server: Any,  # noqa: F811
@@ -131,7 +133,10 @@ def test_horovod_tensorflow_with_a_pipe_channel_per_rank_through_the_sdk(
     for rank in range(RANKS):
         folder = workdir / "data" / str(rank)
         folder.mkdir(parents=True)
-        records = [encode_tfrecord(example(bytes(8 * 4), (rank + i) % 2)) for i in range(PER_RANK)]
+        records = [
+            encode_tfrecord(example(struct.pack("<4d", rank, i % 3, 1.0, i % 2), i % 2))
+            for i in range(PER_RANK)
+        ]
         (folder / "part-0.tfrecord").write_bytes(b"".join(records))
     done = subprocess.run(
         [sys.executable, "-c", _blocks("example")["session"] + f"RANKS = {RANKS}\n" + FIT],
