@@ -36,6 +36,7 @@ from trainport.host import (
     gpus,
     jobenv,
     jobtree,
+    launch_kind,
     mpi,
     mpi_rank,
     pipe,
@@ -557,7 +558,7 @@ class HostAgent:
             merged["PYTHONPATH"] = f"{sm_env['PYTHONPATH']}{os.pathsep}{env['PYTHONPATH']}"
         if spec.torch_distributed:
             argv = self._torchrun(argv, python, len(share.devices))
-        settings = mpi.mpi_settings(spec)
+        settings = launch_kind.mpi_launch_settings(spec)
         if smddp.enabled(spec):
             # Last on the path: the job's own code and paths come first, and trainport's
             # package defers to a real smdistributed.dataparallel the interpreter has.

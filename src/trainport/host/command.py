@@ -161,7 +161,7 @@ def check_runnable(spec: JobSpec, *, ask_engine: bool = True) -> str:
     may run in an engine's copy of its image or else on this machine (a
     ContainerEntrypoint beside an image) has its command checked only then."""
     from trainport.config import container_engine_setting
-    from trainport.host import mpi, smddp
+    from trainport.host import launch_kind, mpi, smddp
     from trainport.runners import container
 
     smddp.refuse_model_parallel(spec)
@@ -180,7 +180,7 @@ def check_runnable(spec: JobSpec, *, ask_engine: bool = True) -> str:
     if smddp.enabled(spec):  # first: its launch is an MPI launch, with rules of its own
         program = spec.hyperparameters.get("sagemaker_program") if is_script_mode(spec) else None
         smddp.check(spec, mpi.plain_value(program) if program is not None else None)
-    if mpi.mpi_settings(spec) is not None:
+    if launch_kind.mpi_launch_settings(spec) is not None:
         script = is_script_mode(spec)
         mpi.check(spec, spec.hyperparameters.get("sagemaker_program") if script else None)
     if spec.entrypoint and not ask_engine and engine_may_have(spec):

@@ -113,8 +113,9 @@ plain_value = _plain  # for the other launches that read the SDK's settings
 
 
 def mpi_settings(spec: JobSpec) -> MpiSettings | None:
-    """The job's MPI settings, or None when it does not ask for MPI (nor for SMDDP, whose
-    launch is an MPI launch: see :mod:`trainport.host.smddp`).
+    """The job's MPI settings, or None when it does not ask for MPI (SMDDP jobs, whose launch
+    is an MPI one too, are read by :mod:`trainport.host.smddp`; ask
+    :func:`trainport.host.launch_kind.mpi_launch_settings` for either).
 
     SageMaker's hyperparameters (``sagemaker_mpi_enabled``, ``..._num_of_processes_per_host``,
     ``..._custom_mpi_options``) or trainport's tags (``trainport:distribution=mpi``,
@@ -123,9 +124,7 @@ def mpi_settings(spec: JobSpec) -> MpiSettings | None:
     hps = spec.hyperparameters
     enabled = _plain(hps.get(HP_ENABLED)).lower() == "true"
     if not (enabled or spec.tags.get("trainport:distribution") == "mpi"):
-        from trainport.host import smddp  # its launch is an MPI one, settings of its own
-
-        return smddp.mpi_settings(spec)
+        return None
     per_host = spec.processes_per_host
     if per_host is None and hps.get(HP_PROCESSES) is not None:
         raw = _plain(hps.get(HP_PROCESSES))

@@ -4,9 +4,10 @@ The agent samples what the training process group uses once a :data:`SAMPLE_SECO
 from the group's own cgroup when it has one (a sandboxed host's runc container gets
 ``/trainport/<container>``, see :mod:`trainport.runners.limits`), else from the processes
 of the group and their descendants as ``/proc`` shows them (the process runner, where the
-host shares the agent's cgroup). Each sample is (unix time, CPUs busy, memory bytes): CPUs busy is CPU
-seconds per wall second since the previous sample (1.5 = one and a half cores), memory is
-what the host holds, page cache it could drop left out (as ``docker stats`` counts it).
+host shares the agent's cgroup). Each sample is (unix time, CPUs busy, memory bytes): CPUs
+busy is CPU seconds per wall second since the previous sample (1.5 = one and a half cores),
+memory is what the host holds, page cache it could drop left out (as ``docker stats`` counts
+it).
 
 Samples travel upward as :class:`ResourcesSampled` events, like metric points, and the
 supervisor appends them to ``resources/<host>.tsv`` in the job's folder

@@ -39,6 +39,7 @@ from trainport.host.events import (
     TrainingStarted,
     append_log_lines,
 )
+from trainport.host.launch_kind import mpi_launch_settings
 from trainport.host.resources import ResourcesSampled, append_resource_samples, resource_path
 from trainport.jobs import liveness
 from trainport.jobs.db import JobDB
@@ -403,7 +404,7 @@ def _attempt(
     hosts = spec.hosts
     multi = len(hosts) > 1
     # MPI: algo-1's mpirun asks for a daemon on each other host through this board.
-    board = mpi.LaunchBoard(hosts) if mpi.mpi_settings(spec) is not None else None
+    board = mpi.LaunchBoard(hosts) if mpi_launch_settings(spec) is not None else None
     plans = [
         HostPlan(
             spec,

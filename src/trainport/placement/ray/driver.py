@@ -19,9 +19,9 @@ from typing import Any
 
 import trainport
 from trainport.config import Settings
-from trainport.host import mpi
 from trainport.host.agent import HostPlan
 from trainport.host.events import HostEnded, HostEvent, LogLines, StatusChanged, append_log_lines
+from trainport.host.launch_kind import mpi_launch_settings
 from trainport.host.layout import HostLayout
 from trainport.host.phases import Finished, Phase, Progress
 from trainport.placement import capacity
@@ -233,7 +233,7 @@ class RayHosts(HostGroup):
             if shared and len(self.hosts) > 1:
                 lines.append((time.time(), f"[trainport] {shared}"))
             self._put(LogLines(host, tuple(lines)))
-        is_mpi = mpi.mpi_settings(self._plans[self.hosts[0]].spec) is not None
+        is_mpi = mpi_launch_settings(self._plans[self.hosts[0]].spec) is not None
         for host, actor in self._actors.items():
             node = self._nodes[host]
             plan = dataclasses.replace(
