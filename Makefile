@@ -8,4 +8,4 @@ test:
 	scripts/setup.sh --test && .venv/bin/python -m pytest
 
 check:
-	.venv/bin/ruff check src tests benchmarks && .venv/bin/ruff format --check src tests && .venv/bin/mypy
+	.venv/bin/ruff check src tests benchmarks && .venv/bin/ruff format --check src tests && .venv/bin/mypy && .venv/bin/python scripts/layers.py

@@ -1,4 +1,4 @@
-"""The layer map holds: no import runs up a layer, parsing a request knows no runner, and
+"""The layer map holds: no import circle, no import runs up a layer, parsing a request knows no runner, and
 admission asks its parts in one fixed order."""
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from trainport.spec import parse_request
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_no_import_runs_up_a_layer_and_create_climbs_none() -> None:
+def test_no_circle_no_import_up_a_layer_and_create_climbs_none() -> None:
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "layers.py")],
         capture_output=True,
         text=True,
         check=False,
     ).stdout
+    assert "circles: 0\n" in out
     assert "up-imports: 0 " in out
     assert out.rstrip().endswith("0 climbs")
 
