@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import put, python_job, request, require, wait_for, wait_until
+from trainport.config import container_engine_setting
 from trainport.errors import NotFoundError, ResourceInUseError, ValidationError
 from trainport.jobs.service import JobService
 from trainport.jobs.supervisor import host_addresses
+from trainport.runners import container
 from trainport.runners.sandbox import sandbox_problem
 
 BYOC = Path(__file__).resolve().parents[1] / "examples" / "byoc"
@@ -332,16 +334,18 @@ def test_image_folder_without_train_is_refused(tmp_path: Path, service: JobServi
                 },
             )
         )
-    with pytest.raises(ValidationError, match="not a local folder"):
-        service.create(
-            request(
-                "noimg",
-                AlgorithmSpecification={
-                    "TrainingImage": "123.dkr.ecr/x:1",
-                    "TrainingInputMode": "File",
-                },
-            )
-        )
+    registry_image = request(
+        "noimg-registry",
+        AlgorithmSpecification={"TrainingImage": "123.dkr.ecr/x:1", "TrainingInputMode": "File"},
+    )
+    if container.installed_engine(container_engine_setting()) is None:
+        with pytest.raises(ValidationError, match="not a local folder"):
+            service.create(registry_image)
+    else:  # an engine pulls it when the job starts; the failed pull names the image
+        service.create(registry_image)
+        ended = wait_for(service, "noimg-registry")
+        assert ended.status == "Failed"
+        assert "123.dkr.ecr/x:1" in (ended.failure_reason or ""), ended.failure_reason
     with pytest.raises(ValidationError, match="not on PATH"):
         service.create(
             request(

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.server.conftest import client, job, put, start_server
+from tests.server.conftest import client, job, put, start_server, wait_for
+from trainport.config import container_engine_setting
 from trainport.host.script_mode import pack_entry_point
+from trainport.runners import container
 
 
 def refusal(sm: Any, body: dict[str, Any], path: str) -> str:
@@ -103,8 +105,20 @@ def test_a_relative_image_name_is_never_a_folder_of_the_servers(
     srv = start_server()
     try:
         sm = client(srv)
-        said = refusal(sm, body("probe-image"), "probe-image")
-        assert said == refusal(sm, body("missing-image"), "missing-image")
-        assert "AlgorithmSpecification.TrainingImage '<path>'" in said
+        if container.installed_engine(container_engine_setting()) is None:
+            said = refusal(sm, body("probe-image"), "probe-image")
+            assert said == refusal(sm, body("missing-image"), "missing-image")
+            assert "AlgorithmSpecification.TrainingImage '<path>'" in said
+        else:  # an engine would pull either name when its job starts: both fail alike
+            reasons = []
+            for name in ("probe-image", "missing-image"):
+                sm.create_training_job(**body(name))
+                ended = wait_for(sm, f"image-{name}", timeout=120)
+                assert ended["TrainingJobStatus"] == "Failed"
+                reasons.append(ended["FailureReason"].replace(name, "<path>"))
+            assert reasons[0] == reasons[1]
+            logs = Path(server_home) / "jobs" / "image-probe-image"
+            said = "".join(p.read_text() for p in logs.rglob("*.log"))
+            assert "from the server's folder" not in said
     finally:
         srv.close()
