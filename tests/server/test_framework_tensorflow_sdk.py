@@ -96,7 +96,7 @@ from sagemaker.tensorflow import TensorFlow
 
 inputs = {}
 for rank in range(RANKS):
-    uri = session.upload_data(f"data/{rank}", bucket="sagemaker-trainport",
+    uri = session.upload_data(f"data/{rank}", bucket=session.default_bucket(),
                               key_prefix=f"hvd-tf/{rank}")
     inputs[f"train_{rank}"] = TrainingInput(uri, input_mode="Pipe")
 estimator = TensorFlow(
