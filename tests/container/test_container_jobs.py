@@ -180,6 +180,7 @@ def test_missing_image_is_pulled_and_the_error_names_it(
     home: Path, service: JobService, image: str
 ) -> None:
     missing = "registry.invalid/nobody/missing-image:1"
+    put(home, "data", "byo-missing/a.txt", "never read\n")
     service.create(image_job("byo-missing", missing))  # submission pulls nothing
     record = wait_for(service, "byo-missing")
     assert record.status == "Failed"
