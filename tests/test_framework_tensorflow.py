@@ -182,3 +182,16 @@ def test_a_pipe_mode_dataset_script_runs_on_the_tensorflow_image_without_require
     # The job's Python is not the image's: the status said so.
     said = " ".join(t.message for t in record.transitions)
     assert "ships Python 3.10; this job runs Python 3.11" in said
+
+
+def test_a_sources_requirements_txt_gets_no_layer_steps(tmp_path: Path) -> None:
+    from trainport.host import script_mode
+
+    code = tmp_path / "code"
+    code.mkdir()
+    # Were it read as a step, this line would stop the build (unknown step).
+    (code / "requirements.txt").write_text("# trainport: fetch x\n")
+    said: list[str] = []
+    python = script_mode.prepare_python(code, tmp_path / "envs", log=said.append)
+    assert Path(python).exists()
+    assert not [line for line in said if "layer step" in line]
