@@ -406,6 +406,13 @@ def test_namespace_hosts_with_shaped_bandwidth(
             {"Key": "trainport:host-bandwidth", "Value": "100mbit"},
         ],
     )
+    import subprocess
+
+    def namespaces() -> set[str]:
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        return {line.split()[0] for line in listed.splitlines() if line.startswith("tp-")}
+
+    before = namespaces()  # another test's SIGKILLed supervisor may have left some
     service.create(body, runner="sandbox")
     record = wait_for(service, "netns", timeout=120)
     assert record.status == "Completed", record.failure_reason
@@ -419,10 +426,7 @@ def test_namespace_hosts_with_shaped_bandwidth(
     # The host's receive work is steered to one CPU, so its flows stay in order.
     assert int(got["rps"].replace(",", ""), 16) != 0
     assert got["cc"] == "cubic"  # Linux's default, whatever this machine's is
-    import subprocess
-
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "tp-" not in left  # namespaces removed at the end
+    assert namespaces() <= before  # the job's namespaces removed at the end
 
 
 PIPE_READER = """
