@@ -148,3 +148,21 @@ def s3_home(home: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     return home
+
+
+# TensorFlow's framework environment takes minutes to build: every test that runs a
+# TensorFlow job shares one (a fixture here, so the whole session has one instance).
+@pytest.fixture(scope="session")
+def tf_envs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # A TRAINPORT_ENVS_DIR already set (a developer's, between runs) is reused as it is.
+    given = os.environ.get("TRAINPORT_ENVS_DIR")
+    return Path(given) if given else tmp_path_factory.mktemp("tf-envs")
+
+
+@pytest.fixture
+def tf_envs(tf_envs_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """One environments folder for every TensorFlow job of the session: the first job
+    builds TensorFlow's environment (minutes), the others reuse it. Ask for it before
+    ``service``."""
+    monkeypatch.setenv("TRAINPORT_ENVS_DIR", str(tf_envs_root))
+    return tf_envs_root

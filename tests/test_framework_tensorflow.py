@@ -6,7 +6,6 @@ TFRecord Pipe channel."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -134,22 +133,6 @@ def test_a_layer_step_trainport_does_not_know_stops_the_build() -> None:
         envbuild.layer_steps("numpy\n# trainport: fetch x\n")
     # Plain comments are pip's.
     assert envbuild.layer_steps("# pinned for the cluster\nnumpy\n") == []
-
-
-@pytest.fixture(scope="session")
-def _tf_envs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # A TRAINPORT_ENVS_DIR already set (a developer's, between runs) is reused as it is.
-    given = os.environ.get("TRAINPORT_ENVS_DIR")
-    return Path(given) if given else tmp_path_factory.mktemp("tf-envs")
-
-
-@pytest.fixture
-def tf_envs(_tf_envs_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """One environments folder for every TensorFlow job of the session: the first job
-    builds TensorFlow's environment (minutes), the others reuse it. Ask for it before
-    ``service``."""
-    monkeypatch.setenv("TRAINPORT_ENVS_DIR", str(_tf_envs_root))
-    return _tf_envs_root
 
 
 def _index_reachable() -> bool:

@@ -18,12 +18,7 @@ import pytest
 
 from tests.conftest import require
 from tests.server.test_sagemaker_sdk import _blocks, _sdk_env, sdk_server  # noqa: F401
-from tests.test_framework_tensorflow import (  # noqa: F401
-    _index_reachable,
-    _tf_envs_root,
-    example,
-    tf_envs,
-)
+from tests.test_framework_tensorflow import _index_reachable, example
 from trainport.data import encode_tfrecord
 
 pytestmark = pytest.mark.slow
@@ -118,7 +113,7 @@ print("JOB", estimator.latest_training_job.name, flush=True)
 
 @pytest.mark.timeout(3300)  # the first TensorFlow job builds its environment, Horovod included
 def test_horovod_tensorflow_with_a_pipe_channel_per_rank_through_the_sdk(
-    tf_envs: Path,  # noqa: F811
+    tf_envs: Path,
     sdk_server: Any,  # noqa: F811
     moto_endpoint: str,
     tmp_path: Path,
