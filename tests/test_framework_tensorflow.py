@@ -178,3 +178,17 @@ def test_a_sources_requirements_txt_gets_no_layer_steps(tmp_path: Path) -> None:
     python = script_mode.prepare_python(code, tmp_path / "envs", log=said.append)
     assert Path(python).exists()
     assert not [line for line in said if "layer step" in line]
+
+
+def test_a_layer_that_compiles_and_fails_names_the_tools_it_needs(tmp_path: Path) -> None:
+    from trainport.errors import ValidationError
+    from trainport.host import script_mode
+
+    code = tmp_path / "code"
+    code.mkdir()
+    lines = ("--no-index", "# trainport: compile HOROVOD_WITH_TENSORFLOW=1 trainport-no-such==1.0")
+    with pytest.raises(ValidationError) as caught:
+        script_mode.prepare_python(code, tmp_path / "envs", log=lambda line: None, framework=lines)
+    message = str(caught.value)
+    assert "install cmake, g++ and OpenMPI's development files" in message
+    assert "trainport-no-such==1.0" in message

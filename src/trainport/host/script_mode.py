@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainport.errors import ValidationError
+from trainport.host.envbuild import STEP_PREFIX
 from trainport.host.sourcedir import pack_entry_point, pack_sourcedir, unpack_sourcedir
 
 __all__ = [
@@ -362,11 +363,20 @@ def prepare_python(
         except ValidationError as exc:
             # The builder's advice is about requirements.txt; this layer is the image's.
             said = str(exc).partition("Last lines of output:")[2].strip()
+            # A package compiled here (Horovod) fails for want of the machine's tools more
+            # often than for the image's version.
+            compiled = any(line.startswith(f"{STEP_PREFIX}compile ") for line in framework)
+            advice = (
+                "install cmake, g++ and OpenMPI's development files where jobs run "
+                "(apt-get install cmake g++ libopenmpi-dev), or name another version of the image"
+                if compiled
+                else "name another version of the image"
+            )
             raise ValidationError(
                 "AlgorithmSpecification.TrainingImage: the packages its framework image "
                 f"stands for ({'; '.join(framework)}) could not be installed for Python "
-                f"{sys.version_info.major}.{sys.version_info.minor}; name another version of "
-                "the image. Last lines of output:\n" + (said or str(exc))
+                f"{sys.version_info.major}.{sys.version_info.minor}; {advice}. Last lines of "
+                "output:\n" + (said or str(exc))
             ) from exc
     requirements = Path(code_dir) / "requirements.txt"
     if requirements.is_file():
