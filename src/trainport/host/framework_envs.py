@@ -14,6 +14,10 @@ frameworks (and another PyTorch version) it layers the framework's packages on i
   naming what can, when it cannot.
 - :func:`python_note` says when the image's Python is not the one the job runs.
 
+TensorFlow's layer also carries what its container ships that pip cannot install from a
+requirement line alone: PipeModeDataset's wheel of the image's Python and Horovod compiled
+against the layer's TensorFlow, as :mod:`trainport.host.envbuild`'s steps.
+
 The build itself is :func:`trainport.host.script_mode.prepare_python`'s, as a layer under
 the source's own ``requirements.txt``, cached by the requirement lines and the base
 interpreter, and run where the job runs (its sandbox, identity, limits and network).
