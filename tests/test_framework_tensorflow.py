@@ -123,7 +123,8 @@ def test_the_tensorflow_image_layers_its_release_pipe_mode_dataset_and_horovod()
          "sagemaker-tensorflow==2.14.*"],
     )  # fmt: skip
     kind, variables, args = steps[1]
-    assert kind == "compile" and args == ["--no-build-isolation", "horovod==0.28.1"]
+    assert kind == "compile"
+    assert args == ["--no-build-isolation", "--ignore-installed", "horovod==0.28.1"]
     assert variables["HOROVOD_WITH_TENSORFLOW"] == "1"
     assert variables["HOROVOD_WITHOUT_PYTORCH"] == "1"
 

@@ -69,7 +69,10 @@ def layer_steps(text: str) -> list[tuple[str, dict[str, str], list[str]]]:
             steps.append((kind, {}, pip))
         elif kind == "compile" and words:
             variables = dict(w.split("=", 1) for w in words[:-1] if "=" in w)
-            steps.append((kind, variables, ["--no-build-isolation", words[-1]]))
+            # Installed here even where the base interpreter has the package (trainport's
+            # own Horovod, built for PyTorch, would otherwise satisfy the requirement).
+            pip = ["--no-build-isolation", "--ignore-installed", words[-1]]
+            steps.append((kind, variables, pip))
         else:
             raise SystemExit(f"unknown layer step: {line}")
     return steps
