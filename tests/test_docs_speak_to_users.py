@@ -39,7 +39,12 @@ def project_files() -> list[Path]:
 
 def test_the_scan_covers_the_docs_and_the_code() -> None:
     names = {str(p.relative_to(ROOT)) for p in project_files()}
-    assert {"README.md", "docs/contract.md", "docs/data.md", "src/trainport/cli/__init__.py"} <= names
+    assert {
+        "README.md",
+        "docs/contract.md",
+        "docs/data.md",
+        "src/trainport/cli/__init__.py",
+    } <= names
 
 
 def test_no_file_points_at_things_users_do_not_have() -> None:
