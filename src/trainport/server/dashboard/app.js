@@ -147,8 +147,10 @@ function listQuery(state) {
 
 async function renderList() {
   const state = listState();
+  // The newest request wins: a refresh asked before a search may answer after it.
+  const ticket = (state.ticket = (state.ticket || 0) + 1);
   const [data, tuning] = await Promise.all([api("jobs?" + listQuery(state)), api("tuning")]);
-  if (page !== state) return;
+  if (page !== state || ticket !== state.ticket) return;
   state.data = data;
   state.tokens[state.index + 1] = data.next || undefined;
   if (!state.built || !document.getElementById("jobs-page")) { buildList(state); state.built = true; }
