@@ -20,6 +20,7 @@ CPU path's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -79,17 +80,7 @@ def launch_topology(env: Mapping[str, str]) -> Topology:
     port = int(env.get(ENV_PORT) or DEFAULT_PORT)
     if "MASTER_PORT" in env and "RANK" in env:  # torchrun's own store wins under torchrun
         return topology
-    return Topology(
-        rank=topology.rank,
-        world_size=topology.world_size,
-        local_rank=topology.local_rank,
-        local_world_size=topology.local_world_size,
-        group_rank=topology.group_rank,
-        num_nodes=topology.num_nodes,
-        master_addr=addr,
-        master_port=port,
-        launcher=topology.launcher,
-    )
+    return dataclasses.replace(topology, master_addr=addr, master_port=port)
 
 
 def export_launch_env(env: MutableMapping[str, str] | None = None) -> Topology:
