@@ -3,14 +3,12 @@ the job's FailureReason, the toolkit's ExecuteUserScriptError."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.server.test_sagemaker_sdk import _blocks, _sdk_env, sdk_server  # noqa: F401
+from tests.server.test_sagemaker_sdk import run_session, sdk_server  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -49,14 +47,7 @@ def test_fit_raises_with_the_scripts_exception(
     workdir = tmp_path / "work"
     (workdir / "src").mkdir(parents=True)
     (workdir / "src" / "bad.py").write_text(BAD)
-    done = subprocess.run(
-        [sys.executable, "-c", _blocks("example")["session"] + FIT],
-        cwd=workdir,
-        env=_sdk_env(sdk_server, moto_endpoint, workdir),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_session(sdk_server, moto_endpoint, workdir, FIT, timeout=240)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "RAISED UnexpectedStatusException" in done.stdout, done.stdout[-4000:]
     assert "ExecuteUserScriptError" in done.stdout

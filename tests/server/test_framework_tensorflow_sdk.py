@@ -9,15 +9,13 @@ import json
 import re
 import shutil
 import struct
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import require
-from tests.server.test_sagemaker_sdk import _blocks, _sdk_env, sdk_server  # noqa: F401
+from tests.server.test_sagemaker_sdk import run_session, sdk_server  # noqa: F401
 from tests.test_framework_tensorflow import _index_reachable, example
 from trainport.data import encode_tfrecord
 
@@ -133,14 +131,7 @@ def test_horovod_tensorflow_with_a_pipe_channel_per_rank_through_the_sdk(
             for i in range(PER_RANK)
         ]
         (folder / "part-0.tfrecord").write_bytes(b"".join(records))
-    done = subprocess.run(
-        [sys.executable, "-c", _blocks("example")["session"] + f"RANKS = {RANKS}\n" + FIT],
-        cwd=workdir,
-        env=_sdk_env(sdk_server, moto_endpoint, workdir),
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
+    done = run_session(sdk_server, moto_endpoint, workdir, f"RANKS = {RANKS}\n" + FIT, timeout=3000)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-4000:]
     assert "\nJOB " in done.stdout, done.stdout[-4000:]
     reports = sorted(

@@ -106,6 +106,21 @@ def _sdk_env(server: Any, moto_endpoint: str, workdir: Path) -> dict[str, str]:
     return {**env, **wanted}
 
 
+def run_session(
+    server: Any, moto_endpoint: str, workdir: Path, code: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``code`` after the page's session lines, in a Python of its own in ``workdir`` with
+    the environment the page says to set."""
+    return subprocess.run(
+        [sys.executable, "-c", _blocks("example")["session"] + code],
+        cwd=workdir,
+        env=_sdk_env(server, moto_endpoint, workdir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def _workdir(tmp_path: Path) -> Path:
     """A folder holding the page's training scripts."""
     workdir = tmp_path / "work"

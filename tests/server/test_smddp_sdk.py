@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import require
-from tests.server.test_sagemaker_sdk import _blocks, _sdk_env, sdk_server  # noqa: F401
+from tests.server.test_sagemaker_sdk import run_session, sdk_server  # noqa: F401
 from tests.test_smddp import BACKEND_STYLE, OLDER_API, assert_one_job
 from trainport.host import mpi
 
@@ -58,14 +56,7 @@ def test_pytorch_estimator_smdistributed_and_pytorchddp(
     (workdir / "src").mkdir(parents=True)
     (workdir / "src" / "backend.py").write_text(BACKEND_STYLE)
     (workdir / "src" / "older.py").write_text(OLDER_API)
-    done = subprocess.run(
-        [sys.executable, "-c", _blocks("example")["session"] + FIT],
-        cwd=workdir,
-        env=_sdk_env(sdk_server, moto_endpoint, workdir),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    done = run_session(sdk_server, moto_endpoint, workdir, FIT, timeout=400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     jobs = done.stdout.split("\nJOB ")
     assert len(jobs) == 3, done.stdout[-4000:]

@@ -4,14 +4,12 @@ estimator whose sources the SDK uploads to moto's S3 server."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.server.test_sagemaker_sdk import _blocks, _sdk_env, sdk_server  # noqa: F401
+from tests.server.test_sagemaker_sdk import run_session, sdk_server  # noqa: F401
 from tests.server.tuning_support import TRAIN_PY
 
 pytestmark = pytest.mark.slow
@@ -154,14 +152,7 @@ def _run(server: Any, moto_endpoint: str, tmp_path: Path, code: str) -> str:
     workdir = tmp_path / "work"
     (workdir / "src").mkdir(parents=True)
     (workdir / "src" / "train.py").write_text(TRAIN_PY)
-    done = subprocess.run(
-        [sys.executable, "-c", _blocks("example")["session"] + _ESTIMATOR + code],
-        cwd=workdir,
-        env=_sdk_env(server, moto_endpoint, workdir),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_session(server, moto_endpoint, workdir, _ESTIMATOR + code, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done.stdout
 
