@@ -41,7 +41,7 @@ from typing import Any
 
 from distributed_hosts import Hosts, run_ranks
 
-METHODS = ["ddp", "balanced", "naive", "bal-coll", "sync", "hierarchical"]
+METHODS = ["ddp", "balanced", "naive", "bal-coll", "sync", "hierarchical", "smddp"]
 DEFAULT_METHODS = METHODS[:3]
 ALONE = "alone"
 GOAL = 0.9
@@ -55,8 +55,18 @@ def worker(out: Path, args: dict[str, Any]) -> None:
 
     from trainport.distributed import init_process_group, register_sharded_hook
 
-    # CPU tensors on gloo, also on a machine with GPUs (the ranks emulate CPU hosts).
-    topo = init_process_group(backend="gloo")
+    group = None
+    if "smddp" in args["methods"]:
+        # As a job's script: the default group on SMDDP's backend; the other methods get a
+        # plain gloo group of the same ranks.
+        from trainport.distributed.smddp.api import BACKEND, register_backend
+
+        register_backend()
+        topo = init_process_group(backend=BACKEND)
+        group = dist.new_group(backend="gloo")
+    else:
+        # CPU tensors on gloo, also on a machine with GPUs (the ranks emulate CPU hosts).
+        topo = init_process_group(backend="gloo")
     layers = args["layers"]
     forward_s = args["forward_ms"] / 1e3 / layers
     backward_s = args["backward_ms"] / 1e3 / layers
@@ -87,12 +97,15 @@ def worker(out: Path, args: dict[str, Any]) -> None:
     width, batch = args["width"], args["batch"]
     data = torch.randn(batch, width, generator=torch.Generator().manual_seed(topo.rank))
     setups = {}
+    # No bucket size: each DDP chooses its own, as in a script that does not set one.
+    buckets = {} if args["bucket_mb"] is None else {"bucket_cap_mb": args["bucket_mb"]}
     for method in args["methods"]:
         torch.manual_seed(0)
-        model = DDP(
-            nn.Sequential(*(Block(width) for _ in range(layers))),
-            bucket_cap_mb=args["bucket_mb"],
-        )
+        module = nn.Sequential(*(Block(width) for _ in range(layers)))
+        if method == "smddp":  # what a job's DDP on the smddp backend gets
+            model = DDP(module, **buckets)
+        else:
+            model = DDP(module, process_group=group, **buckets)
         reducer = None
         if method == "sync":
             # Synchronisation without the bytes: one 4-byte all-reduce per bucket, the
@@ -101,6 +114,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             model.register_comm_hook(None, _sync_only)
         elif method == "bal-coll":  # the balanced reduction on gloo's own collectives
             reducer = register_sharded_hook(model, algorithm="balanced", transport="collectives")
+        elif method == "smddp":
+            reducer = getattr(model, "_trainport_reducer", None)
         elif method != "ddp":
             reducer = register_sharded_hook(model, algorithm=method)
         setups[method] = (model, reducer, torch.optim.SGD(model.parameters(), lr=1e-3))
@@ -145,6 +160,7 @@ def worker(out: Path, args: dict[str, Any]) -> None:
             "exposed_s": sum(exposed) / len(exposed),
             "cpu_s": cpu[method] / len(steps),
             "sent": reducer.counter.snapshot().sent if reducer else None,
+            "bucket_bytes": getattr(_model, "bucket_bytes_cap", None),
         }
         if reducer is not None:
             if args.get("trace_dir"):
@@ -235,6 +251,8 @@ def chart(rows: list[dict], path: Path) -> None:
         "naive": "tab:red",
         "bal-coll": "tab:olive",
         "sync": "tab:grey",
+        "hierarchical": "tab:purple",
+        "smddp": "tab:orange",
     }
     for ax, network in zip(axes[0], networks, strict=True):
         for method in METHODS:

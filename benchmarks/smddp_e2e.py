@@ -1,22 +1,27 @@
-"""SMDDP's reduction against plain DDP on gloo: a 4-host job, shaped links, one run.
+"""SMDDP against plain DDP on gloo: a 4-host job, shaped links, one run.
 
 The model, emulated compute and measurement are ``distributed_e2e.py``'s (read its
 docstring): an MLP whose forward and backward compute is a fixed sleep per layer, real
-float32 gradients in DDP buckets. Here every host runs ``--per-host`` ranks (as a GPU
-host runs one per GPU) in one network namespace whose link is shaped to each rate of
-``--networks`` (``distributed_hosts.py``); ranks of a host talk over the namespace's own
-loopback. Two methods take turns in the same run:
+float32 gradients in DDP buckets. Here every host runs ``--per-host`` ranks (1, a CPU
+host's default; or one per GPU) in one network namespace whose link is shaped to each
+rate of ``--networks`` (``distributed_hosts.py``); ranks of a host talk over the
+namespace's own loopback. Two methods take turns in the same run, each written as a
+job's script writes it:
 
-- **ddp**: torch's DDP, gloo's ring all-reduce over all ranks;
-- **smddp**: what ``smdistributed.dataparallel`` gives a job in trainport on hosts of
-  several ranks: the hierarchical hook (within each host, then the balanced reduction
-  among one leader per host, then back within the host).
+- **ddp**: ``DistributedDataParallel(model)`` on a gloo group: gloo's ring all-reduce over
+  all ranks;
+- **smddp**: ``DistributedDataParallel(model)`` on the default group made with
+  ``backend="smddp"``, as after ``import smdistributed.dataparallel.torch.torch_smddp``:
+  whatever trainport's ``smdistributed.dataparallel`` gives that model on these hosts.
 
+Neither sets ``bucket_cap_mb`` unless ``--bucket-mb`` is given, so each method's DDP has the
+bucket size it chooses for itself (printed); ``--bucket-mb`` gives both the same one.
 Printed per rate: samples/s of each (N x batch / mean step of the slowest rank) and the
-ratio smddp / ddp; ``--balanced`` adds the balanced hook over all ranks without the
-hierarchy, for comparison.
+ratio smddp / ddp; ``--balanced`` adds the balanced hook over all ranks, for comparison.
 
-    sudo python benchmarks/smddp_e2e.py               # 4 hosts x 2 ranks, 1000 and 400 Mbit
+    sudo python benchmarks/smddp_e2e.py                       # 4 hosts x 1 rank, 1000 and 400 Mbit
+    sudo python benchmarks/smddp_e2e.py --bucket-mb 0.5       # both with the same buckets
+    sudo python benchmarks/smddp_e2e.py --per-host 2          # hosts of two ranks (GPUs)
 """
 
 from __future__ import annotations
@@ -68,14 +73,18 @@ def run_hosts(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, default=4)
-    parser.add_argument("--per-host", type=int, default=2)
+    parser.add_argument("--per-host", type=int, default=1)
     parser.add_argument("--networks", type=int, nargs="+", default=[1000, 400])
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--forward-ms", type=float, default=30.0)
     parser.add_argument("--backward-ms", type=float, default=60.0)
-    parser.add_argument("--bucket-mb", type=float, default=0.5)
+    parser.add_argument(
+        "--bucket-mb",
+        type=float,
+        help="the same bucket size for both (default: each DDP's own choice, as in a script)",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=3)
@@ -91,7 +100,7 @@ def main() -> None:
         key: getattr(opts, key)
         for key in ("width", "layers", "batch", "forward_ms", "backward_ms", "bucket_mb")
     }
-    methods = ["ddp", "hierarchical", *(["balanced"] if opts.balanced else [])]
+    methods = ["ddp", "smddp", *(["balanced"] if opts.balanced else [])]
     args.update(methods=methods, warmup=opts.warmup, rounds=opts.rounds, steps=opts.steps)
     world = opts.hosts * opts.per_host
     print(f"{opts.hosts} hosts x {opts.per_host} ranks; load before: {os.getloadavg()[0]:.2f}")
@@ -104,14 +113,16 @@ def main() -> None:
             rows = {
                 r["method"]: r for r in summarise(hosts.label, world, reports, opts.batch, None)
             }
-        ddp, smddp = rows["ddp"]["samples_s"], rows["hierarchical"]["samples_s"]
+        ddp, smddp = rows["ddp"]["samples_s"], rows["smddp"]["samples_s"]
         extra = ""
         if opts.balanced:
             flat = rows["balanced"]["samples_s"]
             extra = f" {flat:>19.1f} {flat / ddp:>13.3f}"
+        mib = {m: reports[0][m]["bucket_bytes"] / 2**20 for m in ("ddp", "smddp")}
         print(
             f"{hosts.label:>10} {ddp:>14.1f} {smddp:>16.1f} {smddp / ddp:>10.3f}{extra}"
-            f"   ({time.monotonic() - started:.0f} s)"
+            f"   (buckets: ddp {mib['ddp']:.2f} MiB, smddp {mib['smddp']:.2f} MiB;"
+            f" {time.monotonic() - started:.0f} s)"
         )
         sys.stdout.flush()
     print(f"load after: {os.getloadavg()[0]:.2f}")

@@ -345,3 +345,64 @@ def test_cuda_gradients_two_hosts(home: Path, tmp_path: Path) -> None:
     per_host = len(reports) // 2
     assert per_host >= 1
     assert_one_job(reports, per_host=per_host)
+
+
+# -- how smddp reduces a DDP model -------------------------------------------------------------
+
+
+def test_the_reduction_follows_the_hosts() -> None:
+    from trainport.distributed import torchrun_topology
+    from trainport.distributed.reduction import Algorithm
+    from trainport.distributed.smddp.api import reduction_for
+
+    def on(hosts: int, per_host: int, on_world: bool = True) -> Algorithm | None:
+        return reduction_for(torchrun_topology(hosts, per_host, 0, 0, "h", 1), on_world)
+
+    # Several ranks on each of several hosts: sum within the host first.
+    assert on(2, 2) is Algorithm.HIERARCHICAL and on(4, 8) is Algorithm.HIERARCHICAL
+    # One rank per host, or one host: the group's own ring, no hook.
+    assert on(4, 1) is None and on(1, 4) is None
+    assert on(2, 2, on_world=False) is None  # the hierarchy's groups span the whole job
+
+
+def test_the_fusion_buffer_is_sized_to_the_model() -> None:
+    from trainport.distributed.smddp.api import fusion_bucket_mb
+
+    assert fusion_bucket_mb(16 * 2**20) == 2.0  # an eighth of the gradients
+    assert fusion_bucket_mb(1000) == 1.0  # never below DDP's first bucket, 1 MiB
+    assert fusion_bucket_mb(10 * 2**30) == 25.0  # nor above DDP's own default
+
+
+FUSION_PROBE = """
+import os, torch, torch.distributed as dist
+import smdistributed.dataparallel.torch.torch_smddp
+from torch.nn.parallel import DistributedDataParallel as DDP
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group(backend="smddp")
+net = torch.nn.Sequential(*(torch.nn.Linear(512, 512, bias=False) for _ in range(16)))  # 16 MiB
+mine = DDP(net)
+given = DDP(net, None, None, 0, None, True, None, 4)  # bucket_cap_mb by position
+gloo = DDP(net, process_group=dist.new_group(backend="gloo"))
+print(mine.bucket_bytes_cap, given.bucket_bytes_cap, gloo.bucket_bytes_cap)
+print(getattr(mine, "_trainport_reducer", None))
+"""
+
+
+def test_ddp_on_smddp_gets_the_fusion_buffer_unless_the_script_sets_one() -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-c", FUSION_PROBE],
+        env={"PYTHONPATH": str(smddp.SITE), "PORT": str(port), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sizes, reducer = done.stdout.splitlines()
+    # smddp's own size (2 MiB for 16 MiB of gradients); the script's 4 MiB; plain DDP's 25.
+    assert sizes.split() == [str(2 * 2**20), str(4 * 2**20), str(25 * 2**20)]
+    assert reducer == "None"  # one host of one rank: the ring inside the backend

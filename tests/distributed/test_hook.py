@@ -45,11 +45,13 @@ def test_gradients_equal_default_ddp(ranks: Callable[[int], Reports], world: int
 
 
 def test_hierarchical_gradients_equal_default_ddp(tmp_path: Path) -> None:
-    # 2 hosts of 2 ranks: sum within each host, balanced across the leaders, broadcast.
-    args = {"algorithms": ["hierarchical"], "per_host": 2}
+    # 2 hosts of 2 ranks: sum within each host, across the leaders (the backend's ring, or
+    # the balanced stream), broadcast.
+    algorithms = ["hierarchical", "hierarchical:balanced"]
+    args = {"algorithms": algorithms, "per_host": 2}
     for report in launch(4, "gradients", tmp_path, timeout=180, args=args):
         diffs = report["gradients"]["diff"]
-        assert set(diffs) == {"hierarchical@0.002", "hierarchical@25.0"}
+        assert set(diffs) == {f"{a}@{cap}" for a in algorithms for cap in (0.002, 25.0)}
         assert max(diffs.values()) <= 1e-6, diffs
 
 

@@ -56,10 +56,16 @@ def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
         for cap in args.get("caps_mb", [0.002, 25.0]):
             reference = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
             hooked = DDP(copy.deepcopy(base), bucket_cap_mb=cap)
-            # "balanced:collectives": the balanced reduction on gloo's own collectives.
-            name, _, transport = algorithm.partition(":")
+            # "balanced:collectives": the balanced reduction on gloo's own collectives;
+            # "hierarchical:balanced": the leaders reduce by the balanced stream.
+            name, _, variant = algorithm.partition(":")
+            across = variant if name == "hierarchical" and variant else None
             reducer = register_sharded_hook(
-                hooked, algorithm=name, transport=transport or None, per_host=args.get("per_host")
+                hooked,
+                algorithm=name,
+                transport=None if across else variant or None,
+                per_host=args.get("per_host"),
+                **({"across": across} if across else {}),
             )
             opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
             opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.1)

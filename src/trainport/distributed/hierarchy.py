@@ -3,8 +3,8 @@
 Where a host runs P ranks that share one network link, a flat reduction over all N x P
 ranks puts about 2P x the bucket on every host's link (each rank sends and receives its
 2(NP-1)/NP share). Reducing within the host first (over loopback or shared memory, which
-is not the limit), then running the balanced reduction among one leader per host, then
-broadcasting within the host, puts 2(N-1)/N x the bucket on each link: P times less. This
+is not the limit), then reducing among one leader per host, then broadcasting within the
+host, puts 2(N-1)/N x the bucket on each link: P times less. This
 is how SageMaker's data-parallel library uses a host's GPUs.
 
 Ranks are placed host by host (torchrun's numbering, and OpenMPI's ``-map-by slot``): host
@@ -12,13 +12,13 @@ h holds ranks ``h*P .. h*P+P-1`` and its leader is ``h*P``. :class:`HostGroups` 
 groups (collectively: every rank calls it at the same point).
 
 :func:`hierarchical_average` does one tensor start to end. :class:`HierarchicalStream` is
-what the DDP hook uses: buckets are pipelined as in the balanced hook. Each bucket's
-within-host sum is started at once (asynchronously, on one group); the leader then pushes
-its slices into a :class:`BalancedStream` among leaders and goes on to the next bucket; a
-broadcasting thread takes buckets in order and, once a bucket has landed on the leader,
-broadcasts it within the host on a second group, so broadcasts and sums never share a
-group while issued from two threads (each group sees its collectives in the same order on
-every rank).
+what the DDP hook uses: buckets are pipelined. Each bucket's within-host sum is started at
+once (asynchronously, on one group); the leader then starts the reduction among leaders
+(the backend's ring all-reduce by default, or a :class:`BalancedStream`) and goes on to the
+next bucket; a broadcasting thread takes buckets in order and, once a bucket has landed on
+the leader, broadcasts it within the host on a second group, so broadcasts and sums never
+share a group while issued from two threads (each group sees its collectives in the same
+order on every rank).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from trainport.distributed.errors import TopologyError
 from trainport.distributed.reduction import (
+    Algorithm,
     BalancedStream,
     Scratch,
     Transport,
@@ -118,6 +119,7 @@ class _Bucket:
     flat: torch.Tensor
     done: Done
     summed: dist.Work | None  # the within-host sum (waited for by non-leaders here)
+    across: dist.Work | None = None  # the leaders' ring all-reduce, where that carries it
     landed: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     remaining: int = 0
@@ -126,6 +128,12 @@ class _Bucket:
 
 class HierarchicalStream:
     """The hierarchical reduction of a sequence of tensors, pipelined (see module doc).
+
+    ``across`` is how the leaders reduce: ``ring``, the backend's own all-reduce (default),
+    or ``balanced``, a :class:`BalancedStream`. With one leader per host both put
+    2(H-1)/H of each bucket on a host's link for H hosts; the ring runs inside the backend
+    without this thread's per-slice work, and in ``benchmarks/smddp_e2e.py`` (4 hosts of 2
+    ranks on two cores, where the CPU sets the pace) it was the faster of the two.
 
     :meth:`push` is called from one thread, in the same order on every rank; ``done`` runs
     once per tensor, from the broadcasting thread, when the tensor holds the mean over
@@ -137,11 +145,16 @@ class HierarchicalStream:
         groups: HostGroups,
         scratch: Scratch | None = None,
         transport: Transport | str | None = None,
+        across: Algorithm | str = Algorithm.RING,
     ) -> None:
         self.groups = groups
+        across = Algorithm(across)
+        if across not in (Algorithm.RING, Algorithm.BALANCED):
+            raise TopologyError(f"leaders reduce by ring or balanced, not {across.value}")
+        self._ring = across is Algorithm.RING
         self._stream = (
             BalancedStream(groups.leaders, scratch, transport=transport)
-            if groups.leads and groups.hosts > 1
+            if groups.leads and groups.hosts > 1 and not self._ring
             else None
         )
         self._order: queue.SimpleQueue[_Bucket | None] = queue.SimpleQueue()
@@ -159,7 +172,16 @@ class HierarchicalStream:
             summed = dist.reduce(flat, dst=groups.leader, group=groups.local, async_op=True)
         bucket = _Bucket(flat, done, summed)
         count = ByteCount()
-        if self._stream is None:
+        if self._ring and groups.leads and groups.hosts > 1:
+            if summed is not None:
+                summed.wait()
+            flat.div_(groups.hosts)
+            bucket.across = dist.all_reduce(flat, group=groups.leaders, async_op=True)
+            chunk = -(-flat.numel() // groups.hosts) * flat.element_size()
+            wire = 2 * (groups.hosts - 1) * chunk
+            count = ByteCount(sent=wire, received=wire, collectives=1)
+            bucket.landed.set()
+        elif self._stream is None:
             bucket.landed.set()
         else:
             if summed is not None:
@@ -188,6 +210,8 @@ class HierarchicalStream:
                 if bucket.summed is not None and not self.groups.leads:
                     bucket.summed.wait()
                 bucket.landed.wait()
+                if bucket.across is not None:
+                    bucket.across.wait()
                 if bucket.error is not None:
                     raise bucket.error
                 if self.groups.per_host > 1:

@@ -97,6 +97,8 @@ class ShardedReducer:
     collective call). ``algorithm`` is ``"balanced"`` (default), ``"ring"`` or ``"naive"``;
     ``transport`` carries the balanced reduction: ``"p2p"`` or ``"collectives"``, by
     default point-to-point on gloo and collectives on NCCL (see ``default_transport``).
+    ``hierarchical`` reduces within each host of ``per_host`` ranks, then among one rank per
+    host by ``across`` (``ring`` or ``balanced``, see :class:`HierarchicalStream`).
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class ShardedReducer:
         trace_events: int = 200_000,
         transport: Transport | str | None = None,
         per_host: int | None = None,
+        across: Algorithm | str = Algorithm.RING,
     ) -> None:
         self.algorithm = Algorithm(algorithm)
         self.world_size = dist.get_world_size(process_group)
@@ -120,7 +123,9 @@ class ShardedReducer:
             per_host = per_host or topology_from_env().local_world_size
             hosts = HostGroups.create(per_host)
             # CPU buckets take the pipelined stream; CUDA ones on NCCL the plain function.
-            self._hierarchy = HierarchicalStream(hosts, Scratch(), transport=transport)
+            self._hierarchy = HierarchicalStream(
+                hosts, Scratch(), transport=transport, across=across
+            )
             self._reduce: Any = functools.partial(_hierarchical, hosts=hosts, transport=transport)
             dedicated_group = False
         elif self.algorithm is Algorithm.BALANCED:  # the CUDA path reduces through this
@@ -411,6 +416,7 @@ def register_sharded_hook(
     dedicated_group: bool = True,
     transport: Transport | str | None = None,
     per_host: int | None = None,
+    across: Algorithm | str = Algorithm.RING,
 ) -> ShardedReducer:
     """Create a :class:`ShardedReducer` for ``model``'s process group and register its hook.
 
@@ -423,6 +429,7 @@ def register_sharded_hook(
         dedicated_group=dedicated_group,
         transport=transport,
         per_host=per_host,
+        across=across,
     )
     model.register_comm_hook(reducer, sharded_hook)
     return reducer

@@ -1,4 +1,4 @@
-"""SMDDP's PyTorch API on trainport's process-group setup and balanced reduction.
+"""SMDDP's PyTorch API on trainport's process-group setup and reductions.
 
 Two styles of script, both as AWS's guide writes them:
 
@@ -11,17 +11,18 @@ Two styles of script, both as AWS's guide writes them:
 - **The older API** (``smdistributed.dataparallel.torch.distributed`` as ``dist``):
   :func:`init_process_group`, rank and size queries, ``barrier``, ``all_reduce``,
   ``broadcast``, ``all_gather``, ``reduce``, ``all_to_all_single``, ``new_group``; and
-  :class:`DistributedDataParallel`, which registers the balanced hook itself.
+  :class:`DistributedDataParallel`, which does the same.
 
-Why gloo for CUDA tensors too: the balanced hook then copies each ready CUDA bucket into
-pinned host memory and reduces it on the CPUs, as SMDDP does; the bytes per rank are the
-CPU path's.
+Why gloo for CUDA tensors too: the hierarchical hook then copies each ready CUDA bucket
+into pinned host memory and reduces it on the CPUs, as SMDDP does; the bytes per rank are
+the CPU path's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import os
 from collections.abc import Callable, Mapping, MutableMapping
@@ -108,15 +109,23 @@ def register_backend() -> None:
 
 
 def _hook_ddp_on_smddp() -> None:
-    """Make ``torch.nn.parallel.DistributedDataParallel`` on an ``smddp`` group reduce
-    through the balanced hook, as the real backend's all-reduce would be SMDDP's."""
+    """Make ``torch.nn.parallel.DistributedDataParallel`` on an ``smddp`` group reduce as
+    SMDDP would: its fusion buffer sized to the model (:func:`fusion_bucket_mb`) where the
+    script does not set ``bucket_cap_mb``, and the reduction :func:`reduction_for` picks."""
     if getattr(TorchDDP.__init__, "_trainport_smddp", False):
         return
     original: Callable[..., None] = TorchDDP.__init__
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
     def init(self: TorchDDP, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+        call = signature.bind_partial(self, *args, **kwargs)
+        given = call.arguments
+        if _is_smddp(given.get("process_group")) and not any(
+            given.get(name) is not None for name in ("bucket_cap_mb", "bucket_cap_mb_list")
+        ):
+            given["bucket_cap_mb"] = fusion_bucket_mb(_gradient_bytes(given["module"]))
+        original(*call.args, **call.kwargs)
         if type(self) is TorchDDP and _is_smddp(self.process_group):
             _attach(self)
 
@@ -131,15 +140,56 @@ def _is_smddp(group: Group) -> bool:
         return False
 
 
-def _attach(model: TorchDDP) -> ShardedReducer:
-    """The balanced hook; with several ranks on each of several hosts, the hierarchical
-    one (within each host first), as SMDDP uses a host's GPUs."""
-    topology = launch_topology(os.environ)
+# The fusion buffer (DDP's bucket) is the unit the reduction starts on: a bucket is sent
+# once all of its gradients exist, and the last one only after the backward pass ends, so
+# its reduction is never hidden. About an eighth of the gradients keeps that tail short
+# and leaves the rest overlapping the backward pass. The floor is DDP's own first bucket,
+# 1 MiB: below it a bucket's fixed cost (a collective's round trips, the hook's hand-off)
+# outweighed what it hid on hosts of several ranks (0.5 MiB buckets ran 5-10% slower there
+# in benchmarks/smddp_e2e.py). DDP's 25 MiB is the ceiling, where models are large enough
+# to fill many buckets anyway.
+FUSION_PARTS = 8
+FUSION_MIN_BYTES = 2**20
+FUSION_MAX_BYTES = 25 * 2**20
+
+
+def fusion_bucket_mb(gradient_bytes: int) -> float:
+    """The bucket size, in MiB, that ``smddp`` gives a model of ``gradient_bytes``."""
+    size = min(max(gradient_bytes / FUSION_PARTS, FUSION_MIN_BYTES), FUSION_MAX_BYTES)
+    return size / 2**20
+
+
+def _gradient_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+
+
+def reduction_for(topology: Topology, on_world: bool = True) -> Algorithm | None:
+    """How ``smddp`` reduces a DDP model's buckets on ``topology``; None: the group's own
+    ring all-reduce, with no hook.
+
+    Several ranks on each of several hosts: the hierarchical reduction (sum within each
+    host, the balanced reduction among one rank per host, then back within the host), so a
+    host's link carries 2(H-1)/H of the gradients for H hosts where a ring over every rank
+    would carry 2(N-1)/N for N ranks. With one rank per host (or a single host) there is
+    nothing to sum first: the ring and the balanced reduction then move the same bytes,
+    2(N-1)/N each way, which no exact reduction undercuts, and the ring runs inside the
+    backend with no hand-off to a Python thread, so it is the one used.
+    """
     hosts_of_many = topology.local_world_size > 1 and topology.num_nodes > 1
-    on_world = model.process_group in (None, dist.group.WORLD)
-    algorithm = Algorithm.HIERARCHICAL if hosts_of_many and on_world else Algorithm.BALANCED
+    return Algorithm.HIERARCHICAL if hosts_of_many and on_world else None
+
+
+def _attach(model: TorchDDP) -> ShardedReducer | None:
+    """Register the reduction :func:`reduction_for` picks for ``model``'s group, if any."""
+    algorithm = reduction_for(
+        launch_topology(os.environ), model.process_group in (None, dist.group.WORLD)
+    )
+    if algorithm is None:
+        return None
     reducer = ShardedReducer(
-        model.process_group, algorithm=algorithm, per_host=topology.local_world_size
+        model.process_group,
+        algorithm=algorithm,
+        per_host=launch_topology(os.environ).local_world_size,
     )
     model.register_comm_hook(reducer, sharded_hook)
     setattr(model, "_trainport_reducer", reducer)  # noqa: B010 (nn.Module types its attributes)
@@ -266,9 +316,10 @@ def destroy_process_group() -> None:
 
 
 class DistributedDataParallel(TorchDDP):
-    """SMDDP's ``DistributedDataParallel``: torch's, reducing gradients with the balanced
-    hook. The library's ``broadcast_buffers`` and ``bucket_cap_mb`` keep torch's meaning;
-    ``device_ids`` defaults to this rank's GPU when the module is on CUDA."""
+    """SMDDP's ``DistributedDataParallel``: torch's, with the fusion buffer and reduction
+    ``smddp`` gives torch's own (see :func:`reduction_for`). The library's
+    ``broadcast_buffers`` and ``bucket_cap_mb`` keep torch's meaning; ``device_ids``
+    defaults to this rank's GPU when the module is on CUDA."""
 
     def __init__(
         self,

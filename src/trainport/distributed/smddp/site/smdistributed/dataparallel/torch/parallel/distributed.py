@@ -1,4 +1,4 @@
-"""SMDDP's ``DistributedDataParallel``, reducing with trainport's balanced hook."""
+"""SMDDP's ``DistributedDataParallel``, on trainport's reductions."""
 
 from __future__ import annotations
 
