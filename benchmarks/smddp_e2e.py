@@ -20,7 +20,7 @@ Printed per rate: samples/s of each (N x batch / mean step of the slowest rank) 
 ratio smddp / ddp; ``--balanced`` adds the balanced hook over all ranks, for comparison.
 
     sudo python benchmarks/smddp_e2e.py                       # 4 hosts x 1 rank, 1000 and 400 Mbit
-    sudo python benchmarks/smddp_e2e.py --bucket-mb 0.5       # both with the same buckets
+    sudo python benchmarks/smddp_e2e.py --bucket-mb 1         # both with the same buckets
     sudo python benchmarks/smddp_e2e.py --per-host 2          # hosts of two ranks (GPUs)
 """
 

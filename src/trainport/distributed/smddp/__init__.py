@@ -10,7 +10,7 @@ whose ``smdistributed.dataparallel`` package is a thin face over this one.
   :func:`export_launch_env`), CPU and CUDA tensors travel over gloo, and a
   ``torch.nn.parallel.DistributedDataParallel`` made on such a group gets a fusion buffer
   sized to its model and, on hosts of several ranks, trainport's hierarchical reduction
-  (within each host, then balanced across hosts; see :func:`.api.reduction_for`).
+  (within each host, then across hosts; see :func:`.api.reduction_for`).
 - ``smdistributed.dataparallel.torch.distributed`` (the library's older API: rank and size
   queries, ``barrier``, ``all_reduce``, ``broadcast`` ...) and
   ``smdistributed.dataparallel.torch.parallel.distributed.DistributedDataParallel`` are

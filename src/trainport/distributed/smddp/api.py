@@ -145,9 +145,9 @@ def _is_smddp(group: Group) -> bool:
 # its reduction is never hidden. About an eighth of the gradients keeps that tail short
 # and leaves the rest overlapping the backward pass. The floor is DDP's own first bucket,
 # 1 MiB: below it a bucket's fixed cost (a collective's round trips, the hook's hand-off)
-# outweighed what it hid on hosts of several ranks (0.5 MiB buckets ran 5-10% slower there
-# in benchmarks/smddp_e2e.py). DDP's 25 MiB is the ceiling, where models are large enough
-# to fill many buckets anyway.
+# outweighed what it hid on hosts of several ranks (in benchmarks/smddp_e2e.py --per-host 2,
+# 0.5 MiB buckets gave 0.93 and 1.02 of DDP where 1 MiB gave 0.95-0.98 and 1.09). DDP's
+# 25 MiB is the ceiling, where models are large enough to fill many buckets anyway.
 FUSION_PARTS = 8
 FUSION_MIN_BYTES = 2**20
 FUSION_MAX_BYTES = 25 * 2**20
@@ -168,7 +168,7 @@ def reduction_for(topology: Topology, on_world: bool = True) -> Algorithm | None
     ring all-reduce, with no hook.
 
     Several ranks on each of several hosts: the hierarchical reduction (sum within each
-    host, the balanced reduction among one rank per host, then back within the host), so a
+    host, reduce among one rank per host, then back within the host), so a
     host's link carries 2(H-1)/H of the gradients for H hosts where a ring over every rank
     would carry 2(N-1)/N for N ranks. With one rank per host (or a single host) there is
     nothing to sum first: the ring and the balanced reduction then move the same bytes,
