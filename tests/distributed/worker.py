@@ -59,13 +59,13 @@ def gradients(rank: int, args: dict[str, Any]) -> dict[str, Any]:
             # "balanced:collectives": the balanced reduction on gloo's own collectives;
             # "hierarchical:balanced": the leaders reduce by the balanced stream.
             name, _, variant = algorithm.partition(":")
-            across = variant if name == "hierarchical" and variant else None
+            hierarchical = name == "hierarchical"
             reducer = register_sharded_hook(
                 hooked,
                 algorithm=name,
-                transport=None if across else variant or None,
+                transport=None if hierarchical else variant or None,
                 per_host=args.get("per_host"),
-                **({"across": across} if across else {}),
+                across=variant if hierarchical and variant else "ring",
             )
             opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
             opt_hooked = torch.optim.SGD(hooked.parameters(), lr=0.1)

@@ -40,6 +40,7 @@ from trainport.distributed.reduction import (
     Transport,
     balanced_average,
     pieces,
+    ring_bytes,
 )
 from trainport.distributed.trace import ByteCount
 
@@ -151,10 +152,9 @@ class HierarchicalStream:
         across = Algorithm(across)
         if across not in (Algorithm.RING, Algorithm.BALANCED):
             raise TopologyError(f"leaders reduce by ring or balanced, not {across.value}")
-        self._ring = across is Algorithm.RING
         self._stream = (
             BalancedStream(groups.leaders, scratch, transport=transport)
-            if groups.leads and groups.hosts > 1 and not self._ring
+            if groups.leads and groups.hosts > 1 and across is Algorithm.BALANCED
             else None
         )
         self._order: queue.SimpleQueue[_Bucket | None] = queue.SimpleQueue()
@@ -172,20 +172,17 @@ class HierarchicalStream:
             summed = dist.reduce(flat, dst=groups.leader, group=groups.local, async_op=True)
         bucket = _Bucket(flat, done, summed)
         count = ByteCount()
-        if self._ring and groups.leads and groups.hosts > 1:
-            if summed is not None:
-                summed.wait()
+        across = groups.leads and groups.hosts > 1
+        if across and summed is not None:
+            summed.wait()  # within the host: short, and the leader needs the sum
+        if not across:
+            bucket.landed.set()
+        elif self._stream is None:  # the ring: the broadcasting thread waits for it
             flat.div_(groups.hosts)
             bucket.across = dist.all_reduce(flat, group=groups.leaders, async_op=True)
-            chunk = -(-flat.numel() // groups.hosts) * flat.element_size()
-            wire = 2 * (groups.hosts - 1) * chunk
-            count = ByteCount(sent=wire, received=wire, collectives=1)
-            bucket.landed.set()
-        elif self._stream is None:
+            count = ring_bytes(flat, groups.hosts)
             bucket.landed.set()
         else:
-            if summed is not None:
-                summed.wait()  # within the host: short, and the leader needs the sum
             parts = pieces(flat, self._stream.world)
             bucket.remaining = len(parts)
             landed = functools.partial(self._landed, bucket)

@@ -58,6 +58,7 @@ __all__ = [
     "balanced_average",
     "naive_average",
     "ring_average",
+    "ring_bytes",
 ]
 
 Group = dist.ProcessGroup | None
@@ -147,6 +148,11 @@ def ring_average(
         return ByteCount()
     flat.div_(world)
     dist.all_reduce(flat, group=group)
+    return ring_bytes(flat, world)
+
+
+def ring_bytes(flat: torch.Tensor, world: int) -> ByteCount:
+    """What a ring all-reduce of ``flat`` over ``world`` ranks moves for each rank."""
     chunk = -(-flat.numel() // world) * flat.element_size()
     wire = 2 * (world - 1) * chunk
     return ByteCount(sent=wire, received=wire, collectives=1)

@@ -181,15 +181,12 @@ def reduction_for(topology: Topology, on_world: bool = True) -> Algorithm | None
 
 def _attach(model: TorchDDP) -> ShardedReducer | None:
     """Register the reduction :func:`reduction_for` picks for ``model``'s group, if any."""
-    algorithm = reduction_for(
-        launch_topology(os.environ), model.process_group in (None, dist.group.WORLD)
-    )
+    topology = launch_topology(os.environ)
+    algorithm = reduction_for(topology, model.process_group in (None, dist.group.WORLD))
     if algorithm is None:
         return None
     reducer = ShardedReducer(
-        model.process_group,
-        algorithm=algorithm,
-        per_host=launch_topology(os.environ).local_world_size,
+        model.process_group, algorithm=algorithm, per_host=topology.local_world_size
     )
     model.register_comm_hook(reducer, sharded_hook)
     setattr(model, "_trainport_reducer", reducer)  # noqa: B010 (nn.Module types its attributes)
