@@ -148,17 +148,22 @@ def test_a_built_environment_is_not_asked_of_the_index_again(tmp_path: Path) -> 
     framework_envs.check_image(missing, tmp_path)  # not refused: nothing to fetch
 
 
-def test_a_layer_that_cannot_be_installed_names_the_image_not_requirements_txt(
-    tmp_path: Path,
-) -> None:
+def failed_layer_message(tmp_path: Path, *lines: str) -> str:
+    """What building a framework layer of ``lines`` (which must fail) says, offline."""
     from trainport.host import script_mode
 
     code = tmp_path / "code"
     code.mkdir()
-    lines = ("--no-index", "trainport-no-such-package==1.0")
     with pytest.raises(ValidationError) as caught:
-        script_mode.prepare_python(code, tmp_path / "envs", log=lambda line: None, framework=lines)
-    message = str(caught.value)
+        layer = ("--no-index", *lines)
+        script_mode.prepare_python(code, tmp_path / "envs", log=lambda line: None, framework=layer)
+    return str(caught.value)
+
+
+def test_a_layer_that_cannot_be_installed_names_the_image_not_requirements_txt(
+    tmp_path: Path,
+) -> None:
+    message = failed_layer_message(tmp_path, "trainport-no-such-package==1.0")
     assert message.startswith("AlgorithmSpecification.TrainingImage: the packages its framework")
     assert "trainport-no-such-package==1.0" in message
     assert "fix requirements.txt" not in message

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import put, require, wait_for
+from tests.test_framework_envs import failed_layer_message
 from tests.test_script_mode_job import script_job
 from trainport.data import encode_tfrecord
 from trainport.host import envbuild, framework_envs
@@ -182,14 +183,7 @@ def test_a_sources_requirements_txt_gets_no_layer_steps(tmp_path: Path) -> None:
 
 
 def test_a_layer_that_compiles_and_fails_names_the_tools_it_needs(tmp_path: Path) -> None:
-    from trainport.errors import ValidationError
-    from trainport.host import script_mode
-
-    code = tmp_path / "code"
-    code.mkdir()
-    lines = ("--no-index", "# trainport: compile HOROVOD_WITH_TENSORFLOW=1 trainport-no-such==1.0")
-    with pytest.raises(ValidationError) as caught:
-        script_mode.prepare_python(code, tmp_path / "envs", log=lambda line: None, framework=lines)
-    message = str(caught.value)
+    step = "# trainport: compile HOROVOD_WITH_TENSORFLOW=1 trainport-no-such==1.0"
+    message = failed_layer_message(tmp_path, step)
     assert "install cmake, g++ and OpenMPI's development files" in message
     assert "trainport-no-such==1.0" in message
