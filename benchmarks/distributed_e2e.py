@@ -102,10 +102,8 @@ def worker(out: Path, args: dict[str, Any]) -> None:
     for method in args["methods"]:
         torch.manual_seed(0)
         module = nn.Sequential(*(Block(width) for _ in range(layers)))
-        if method == "smddp":  # what a job's DDP on the smddp backend gets
-            model = DDP(module, **buckets)
-        else:
-            model = DDP(module, process_group=group, **buckets)
+        # smddp: the default group, as a job's DDP on the smddp backend gets it.
+        model = DDP(module, process_group=None if method == "smddp" else group, **buckets)
         reducer = None
         if method == "sync":
             # Synchronisation without the bytes: one 4-byte all-reduce per bucket, the

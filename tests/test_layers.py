@@ -1,5 +1,5 @@
-"""The layer map holds: no import circle, no import runs up a layer, parsing a request knows no runner, and
-admission asks its parts in one fixed order."""
+"""The layer map holds: no import circle, no import runs up a layer, parsing a request
+knows no runner, and admission asks its parts in one fixed order."""
 
 from __future__ import annotations
 
