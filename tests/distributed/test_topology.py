@@ -188,3 +188,12 @@ def test_imports_nothing_of_the_platform() -> None:
     ).stdout
     loaded = json.loads(out)
     assert all(m == "trainport" or m.startswith("trainport.distributed") for m in loaded), loaded
+
+
+def test_leaders_reduce_only_by_ring_or_balanced() -> None:
+    from trainport.distributed.errors import TopologyError
+    from trainport.distributed.hierarchy import HierarchicalStream, HostGroups
+
+    one_host = HostGroups(local=None, broadcasts=None, leaders=None, leader=0, per_host=1, hosts=1)
+    with pytest.raises(TopologyError, match="leaders reduce by ring or balanced, not naive"):
+        HierarchicalStream(one_host, across="naive")
